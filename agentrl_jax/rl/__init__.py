@@ -1,0 +1,1 @@
+"""RL: advantage estimators, losses, the update step and the trainer loop."""
