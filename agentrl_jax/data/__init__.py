@@ -1,0 +1,25 @@
+"""Datasets: local files in the recipe's published schemas -> TFDS ArrayRecord -> grain batches of records.
+
+`builders.prepare(SourceConfig(...))` builds a source once; `pipeline.prompt_batches` /
+`pipeline.conversation_batches` turn it into a checkpointable grain iterator of `PromptRecord` /
+`Conversation` lists; `prompts.PromptStyle` is the per-source wording applied per row.
+"""
+
+from agentrl_jax.data.builders import PreparedDataset, SourceConfig, prepare
+from agentrl_jax.data.pipeline import PipelineConfig, conversation_batches, prompt_batches
+from agentrl_jax.data.prompts import PromptStyle, PromptTemplate, apply_prompt_style
+from agentrl_jax.data.records import Conversation, PromptRecord
+
+__all__ = [
+    "Conversation",
+    "PipelineConfig",
+    "PreparedDataset",
+    "PromptRecord",
+    "PromptStyle",
+    "PromptTemplate",
+    "SourceConfig",
+    "apply_prompt_style",
+    "conversation_batches",
+    "prepare",
+    "prompt_batches",
+]
