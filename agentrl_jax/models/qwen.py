@@ -1,0 +1,232 @@
+"""Qwen2/2.5 and Qwen3 decoders in Flax NNX.
+
+Parameter names spell their dimensions (`q_dnh` is `[D, N, H]`) and carry `logical_axes` metadata that
+`sharding.LOGICAL_RULES` maps onto the mesh. Dimensions: B batch, T query tokens, S key/cache slots,
+D hidden, N query heads, K kv heads, G = N // K, H head dim, F MLP width, V vocabulary.
+
+One `__call__` serves three uses:
+* training / scoring: `model(tokens)` (optionally `positions`, `segment_ids` for packed rows);
+* prefill, decode and extend: `model(tokens, cache=cache, chunk_lengths=...)` appends the chunk to the cache.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.kv_cache import KVCache, write_chunk
+from agentrl_jax.models.sharding import shard
+
+_INIT_STD = 0.02  # HF's initializer_range for Qwen
+
+
+def _param(rngs: nnx.Rngs | None, shape, axes, dtype, init: str = "normal") -> nnx.Param:
+  if init == "ones":
+    value = jnp.ones(shape, dtype)
+  elif init == "zeros":
+    value = jnp.zeros(shape, dtype)
+  else:
+    value = (_INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+  return nnx.Param(value, logical_axes=tuple(axes))
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm computed in float32, as HF Qwen does, then cast back to the input dtype."""
+  xf = x.astype(jnp.float32)
+  xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+  return weight.astype(x.dtype) * xf.astype(x.dtype)
+
+
+def rope(x: Float[Array, "B T N H"], positions: Int[Array, "B T"], theta: float) -> Float[Array, "B T N H"]:
+  """Rotary embedding, non-interleaved halves (HF `rotate_half` convention), angles in float32."""
+  h = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+  freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+  cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+  x1, x2 = jnp.split(x, 2, axis=-1)
+  return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+class Attention(nnx.Module):
+  """GQA self-attention with optional qkv bias (Qwen2) and per-head q/k RMSNorm (Qwen3)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, n, k, h, pd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.jnp_param_dtype
+    self.q_dnh = _param(rngs, (d, n, h), ("embed", "heads", "head_dim"), pd)
+    self.k_dkh = _param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), pd)
+    self.v_dkh = _param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), pd)
+    self.o_nhd = _param(rngs, (n, h, d), ("heads", "head_dim", "embed"), pd)
+    if cfg.qkv_bias:
+      self.q_bias_nh = _param(rngs, (n, h), ("heads", "head_dim"), pd, "zeros")
+      self.k_bias_kh = _param(rngs, (k, h), ("kv_heads", "head_dim"), pd, "zeros")
+      self.v_bias_kh = _param(rngs, (k, h), ("kv_heads", "head_dim"), pd, "zeros")
+    if cfg.qk_norm:
+      self.q_norm_h = _param(rngs, (h,), ("norm",), pd, "ones")
+      self.k_norm_h = _param(rngs, (h,), ("norm",), pd, "ones")
+
+  def __call__(self, x_btd, positions_bt, mask_bts, cache_kv=None, cache_lengths=None):
+    """Returns `(out [B, T, D], (k_cache, v_cache) or None)`.
+
+    Without a cache, keys are this chunk's own (S = T). With one, the chunk's keys/values are first
+    written at slots `cache_lengths[b] + t`, then the queries attend over all S cache slots.
+    """
+    cfg, dt = self.cfg, self.cfg.jnp_dtype
+    q = jnp.einsum("BTD,DNH->BTNH", x_btd, self.q_dnh[...].astype(dt))
+    k = jnp.einsum("BTD,DKH->BTKH", x_btd, self.k_dkh[...].astype(dt))
+    v = jnp.einsum("BTD,DKH->BTKH", x_btd, self.v_dkh[...].astype(dt))
+    if cfg.qkv_bias:
+      q = q + self.q_bias_nh[...].astype(dt)
+      k = k + self.k_bias_kh[...].astype(dt)
+      v = v + self.v_bias_kh[...].astype(dt)
+    if cfg.qk_norm:
+      q = rms_norm(q, self.q_norm_h[...], cfg.rms_norm_eps)
+      k = rms_norm(k, self.k_norm_h[...], cfg.rms_norm_eps)
+    q = shard(rope(q, positions_bt, cfg.rope_theta), ("batch", "seq", "act_heads", None))
+    k = shard(rope(k, positions_bt, cfg.rope_theta), ("batch", "seq", "act_kv_heads", None))
+    v = shard(v, ("batch", "seq", "act_kv_heads", None))
+
+    new_cache = None
+    if cache_kv is not None:
+      k_cache = write_chunk(cache_kv[0], k, cache_lengths)
+      v_cache = write_chunk(cache_kv[1], v, cache_lengths)
+      new_cache = (k_cache, v_cache)
+      k, v = k_cache.astype(dt), v_cache.astype(dt)
+
+    b, t = q.shape[:2]
+    qg = q.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
+    scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32)
+    scores = scores * (cfg.head_dim ** -0.5)
+    scores = jnp.where(mask_bts[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(b, t, cfg.num_heads, cfg.head_dim)
+    out = jnp.einsum("BTNH,NHD->BTD", out, self.o_nhd[...].astype(dt))
+    return shard(out, ("batch", "seq", "act_embed")), new_cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.jnp_param_dtype
+    self.gate_df = _param(rngs, (d, f), ("embed", "mlp"), pd)
+    self.up_df = _param(rngs, (d, f), ("embed", "mlp"), pd)
+    self.down_fd = _param(rngs, (f, d), ("mlp", "embed"), pd)
+
+  def __call__(self, x_btd):
+    dt = self.cfg.jnp_dtype
+    gate = jnp.einsum("BTD,DF->BTF", x_btd, self.gate_df[...].astype(dt))
+    up = jnp.einsum("BTD,DF->BTF", x_btd, self.up_df[...].astype(dt))
+    act_btf = shard(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))
+    return shard(jnp.einsum("BTF,FD->BTD", act_btf, self.down_fd[...].astype(dt)), ("batch", "seq", "act_embed"))
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm residual block: x + attn(norm(x)); x + mlp(norm(x))."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.attn_norm_d = _param(rngs, (cfg.hidden_size,), ("norm",), cfg.jnp_param_dtype, "ones")
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp_norm_d = _param(rngs, (cfg.hidden_size,), ("norm",), cfg.jnp_param_dtype, "ones")
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x_btd, positions_bt, mask_bts, cache_kv=None, cache_lengths=None):
+    eps = self.cfg.rms_norm_eps
+    h, new_cache = self.attn(rms_norm(x_btd, self.attn_norm_d[...], eps), positions_bt, mask_bts, cache_kv,
+                             cache_lengths)
+    x_btd = x_btd + h
+    x_btd = x_btd + self.mlp(rms_norm(x_btd, self.mlp_norm_d[...], eps))
+    return x_btd, new_cache
+
+
+class Qwen(nnx.Module):
+  """A Qwen2/2.5 or Qwen3 causal language model (the family is chosen by `cfg`)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    pd = cfg.jnp_param_dtype
+    self.embed_vd = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
+    self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.final_norm_d = _param(rngs, (cfg.hidden_size,), ("norm",), pd, "ones")
+    if not cfg.tie_embeddings:
+      self.unembed_dv = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
+
+  def __call__(
+      self,
+      tokens: Int[Array, "B T"],
+      *,
+      positions: Int[Array, "B T"] | None = None,
+      segment_ids: Int[Array, "B T"] | None = None,
+      cache: KVCache | None = None,
+      chunk_lengths: Int[Array, "B"] | None = None,
+      return_hidden: bool = False,
+  ) -> tuple[Float[Array, "B T V"] | Float[Array, "B T D"], KVCache | None]:
+    """Runs the decoder.
+
+    Args:
+      tokens: `[B, T]` token ids; rows are right-padded.
+      positions: `[B, T]` RoPE positions (no-cache mode only); default `arange(T)`.
+      segment_ids: `[B, T]` ids of packed sequences (no-cache mode only): tokens attend within their segment.
+      cache: if given, the chunk is appended to it (prefill / decode / extend) and attends to all its context.
+      chunk_lengths: `[B]` valid tokens of each row's chunk (cache mode); default T for every row.
+      return_hidden: return the final normalised hidden states `[B, T, D]` instead of logits (for chunked
+        log-prob computation; see `unembed`).
+
+    Returns:
+      `(logits [B, T, V] float32 or hidden [B, T, D], new cache or None)`.
+    """
+    cfg = self.cfg
+    b, t = tokens.shape
+    x = jnp.take(self.embed_vd[...], tokens, axis=0).astype(cfg.jnp_dtype)
+    x = shard(x, ("batch", "seq", "act_embed"))
+    q_idx = jnp.arange(t, dtype=jnp.int32)
+    if cache is None:
+      if positions is None:
+        positions = jnp.broadcast_to(q_idx, (b, t))
+      mask = q_idx[None, :, None] >= q_idx[None, None, :]  # causal over this chunk
+      if segment_ids is not None:
+        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+      mask = jnp.broadcast_to(mask, (b, t, t))
+    else:
+      if positions is not None or segment_ids is not None:
+        raise ValueError("positions/segment_ids are implied by the cache; do not pass them in cache mode")
+      if chunk_lengths is None:
+        chunk_lengths = jnp.full((b,), t, jnp.int32)
+      positions = cache.lengths[:, None] + q_idx[None, :]
+      slots = jnp.arange(cache.max_len, dtype=jnp.int32)
+      mask = slots[None, None, :] <= positions[:, :, None]
+
+    layer_fn = lambda layer, *args: layer(*args)
+    if cfg.remat and cache is None:
+      layer_fn = nnx.remat(layer_fn)
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.layers):
+      kv = None if cache is None else (cache.k[i], cache.v[i])
+      x, layer_cache = layer_fn(layer, x, positions, mask, kv, None if cache is None else cache.lengths)
+      if layer_cache is not None:
+        new_k.append(layer_cache[0])
+        new_v.append(layer_cache[1])
+    x = rms_norm(x, self.final_norm_d[...], cfg.rms_norm_eps)
+    new_cache = None
+    if cache is not None:
+      new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), lengths=cache.lengths + chunk_lengths.astype(jnp.int32))
+    if return_hidden:
+      return x, new_cache
+    return self.unembed(x), new_cache
+
+  def unembed(self, hidden: Float[Array, "... D"]) -> Float[Array, "... V"]:
+    """Hidden states -> float32 logits (the unembedding matmul accumulates in float32)."""
+    dt = self.cfg.jnp_dtype
+    if self.cfg.tie_embeddings:
+      logits = jnp.einsum("...D,VD->...V", hidden.astype(dt), self.embed_vd[...].astype(dt),
+                          preferred_element_type=jnp.float32)
+    else:
+      logits = jnp.einsum("...D,DV->...V", hidden.astype(dt), self.unembed_dv[...].astype(dt),
+                          preferred_element_type=jnp.float32)
+    return logits

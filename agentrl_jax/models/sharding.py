@@ -1,0 +1,134 @@
+"""Device mesh and the ONE logical-axis rules table.
+
+Every parameter carries `logical_axes` metadata naming its dimensions (e.g. `("embed", "heads", "head_dim")`)
+and activations are constrained with `shard(x, ("batch", "seq", "act_embed"))`. This module maps those names
+onto the mesh axes `data`, `fsdp` and `tensor`:
+
+* `data`: pure data parallelism (params replicated across it).
+* `fsdp`: data parallelism for activations, parameters sharded along their embed dimension (ZeRO-3 style).
+* `tensor`: Megatron-style tensor parallelism over heads, kv heads, MLP width and vocabulary.
+
+A dimension that a mesh axis does not divide is replicated instead of failing, so tiny test models run on any
+mesh (checked by `logical_to_spec` against the concrete shape).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import math
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# The one rules table: logical dimension name -> mesh axis (or axes, or None = replicated).
+LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
+    # activations
+    "batch": ("data", "fsdp"),
+    "seq": None,
+    "act_embed": None,
+    "act_heads": "tensor",
+    "act_kv_heads": "tensor",
+    "act_mlp": "tensor",
+    "act_vocab": "tensor",
+    # parameters
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "head_dim": None,
+    "mlp": "tensor",
+    "norm": None,
+    # KV cache
+    "cache_batch": ("data", "fsdp"),
+    "cache_seq": None,
+    "cache_kv_heads": "tensor",
+    "cache_head_dim": None,
+}
+
+
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """Builds a (data, fsdp, tensor) mesh; one axis may be -1 to take the remaining devices.
+
+  Raises:
+    ValueError: the axis sizes do not multiply to the device count.
+  """
+  devices = list(devices if devices is not None else jax.devices())
+  sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+  free = [k for k, v in sizes.items() if v == -1]
+  if len(free) > 1:
+    raise ValueError(f"make_mesh: at most one axis may be -1, got {sizes}")
+  known = math.prod(v for v in sizes.values() if v != -1)
+  if free:
+    if len(devices) % known:
+      raise ValueError(f"make_mesh: {len(devices)} devices are not divisible by {known} ({sizes})")
+    sizes[free[0]] = len(devices) // known
+  if math.prod(sizes.values()) != len(devices):
+    raise ValueError(f"make_mesh: axis sizes {sizes} do not multiply to {len(devices)} devices")
+  shape = tuple(sizes[a] for a in MESH_AXES)
+  try:
+    return jax.make_mesh(shape, MESH_AXES, devices=devices)
+  except (TypeError, ValueError):  # older jax without `devices=`, or a device order make_mesh rejects
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+
+
+def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int] | None = None,
+                    mesh: Mesh | jax.sharding.AbstractMesh | None = None) -> P:
+  """Maps logical dimension names to a PartitionSpec through `LOGICAL_RULES`.
+
+  When `shape` and `mesh` are given, a dimension the mesh axes do not divide is replicated, and a mesh axis
+  is used at most once per spec (first come, first served).
+  """
+  used: set[str] = set()
+  out = []
+  for i, name in enumerate(axes):
+    if name is None:
+      out.append(None)
+      continue
+    if name not in LOGICAL_RULES:
+      raise ValueError(f"logical axis {name!r} is not in LOGICAL_RULES")
+    rule = LOGICAL_RULES[name]
+    mesh_axes = () if rule is None else ((rule,) if isinstance(rule, str) else tuple(rule))
+    mesh_axes = tuple(a for a in mesh_axes if a not in used)
+    if mesh is not None:
+      mesh_axes = tuple(a for a in mesh_axes if a in mesh.shape and mesh.shape[a] > 1)
+      if shape is not None:
+        size = math.prod(mesh.shape[a] for a in mesh_axes)
+        if shape[i] % size:
+          mesh_axes = tuple(a for a in mesh_axes if shape[i] % mesh.shape[a] == 0)[:1]
+    used.update(mesh_axes)
+    out.append(None if not mesh_axes else (mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes))
+  return P(*out)
+
+
+def named_sharding(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int] | None = None) -> NamedSharding:
+  return NamedSharding(mesh, logical_to_spec(axes, shape, mesh))
+
+
+def _current_mesh():
+  mesh = jax.sharding.get_abstract_mesh()
+  return None if mesh is None or mesh.empty else mesh
+
+
+def shard(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+  """Constrains an activation's sharding by logical names when a mesh is set (`jax.set_mesh`); else no-op."""
+  mesh = _current_mesh()
+  if mesh is None:
+    return x
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(axes, x.shape, mesh)))
+
+
+def state_shardings(state, mesh: Mesh):
+  """A pytree of NamedShardings for an nnx State whose Variables carry `logical_axes` metadata."""
+  from flax import nnx  # local import keeps this module importable without flax for pure helpers
+
+  def one(v):
+    if not isinstance(v, nnx.Variable):
+      return NamedSharding(mesh, P())
+    axes = v.get_metadata().get("logical_axes")
+    spec = P() if axes is None else logical_to_spec(axes, v.get_value().shape, mesh)
+    return v.replace(NamedSharding(mesh, spec))
+
+  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))

@@ -1,0 +1,94 @@
+"""The one testing helper: tiny models, a tiny tokenizer and random-weight HF checkpoints, built locally.
+
+Used by the tests, the benchmarks and the CPU demo; nothing here downloads anything.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import tempfile
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from agentrl_jax.models import hf_io
+from agentrl_jax.models import tokenizer as tokenizer_lib
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.qwen import Qwen
+
+
+@functools.cache
+def tiny_tokenizer_dir(vocab_size: int = 512) -> str:
+  """Builds (once per process) the tiny BPE tokenizer with Qwen's special tokens; returns its directory."""
+  out = os.path.join(tempfile.gettempdir(), f"agentrl_jax_tiny_tokenizer_{vocab_size}_{os.getpid()}")
+  tokenizer_lib.build_tiny_tokenizer(out, vocab_size=vocab_size)
+  return out
+
+
+def tiny_tokenizer(vocab_size: int = 512):
+  return tokenizer_lib.load_tokenizer(tiny_tokenizer_dir(vocab_size))
+
+
+def tiny_model(cfg: ModelConfig | None = None, seed: int = 0) -> Qwen:
+  """A randomly initialised model (default `ModelConfig.tiny_qwen3()`)."""
+  return Qwen(cfg or ModelConfig.tiny_qwen3(), rngs=nnx.Rngs(seed))
+
+
+def save_random_hf_checkpoint(cfg: ModelConfig, out_dir: str | os.PathLike, seed: int = 0,
+                              max_shard_size: str | None = None) -> str:
+  """Creates a random-weight HF model with `transformers` (torch CPU) and saves it to `out_dir`.
+
+  Norm weights and biases are randomised too (HF initialises them to ones/zeros), so parity tests exercise
+  every parameter. Requires torch (a test-only dependency).
+  """
+  import torch
+  import transformers
+
+  out_dir = os.fspath(out_dir)
+  os.makedirs(out_dir, exist_ok=True)
+  hf_cfg = cfg.to_hf_config()
+  with open(os.path.join(out_dir, "config.json"), "w") as f:
+    json.dump(hf_cfg, f)
+  torch.manual_seed(seed)
+  model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(out_dir),
+                                                        dtype=torch.float32)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith("norm.weight"):
+        p.copy_(1.0 + 0.1 * torch.randn_like(p))
+      elif name.endswith(".bias"):
+        p.copy_(0.1 * torch.randn_like(p))
+  kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+  model.save_pretrained(out_dir, safe_serialization=True, **kwargs)
+  return out_dir
+
+
+def load_hf_torch(path: str | os.PathLike):
+  """Loads a HF directory with `transformers` (torch CPU, float32, eager attention) in eval mode."""
+  import torch
+  import transformers
+
+  model = transformers.AutoModelForCausalLM.from_pretrained(os.fspath(path), dtype=torch.float32,
+                                                            attn_implementation="eager")
+  return model.eval()
+
+
+def hf_logits(model, tokens) -> jax.Array:
+  """Full-sequence logits of a HF torch model for int tokens `[B, T]` (no padding)."""
+  import numpy as np
+  import torch
+
+  with torch.no_grad():
+    out = model(input_ids=torch.as_tensor(np.array(tokens), dtype=torch.long)).logits
+  return jnp.asarray(out.float().numpy())
+
+
+def random_tokens(key, batch: int, length: int, vocab: int) -> jax.Array:
+  return jax.random.randint(key, (batch, length), 0, vocab, dtype=jnp.int32)
+
+
+__all__ = ["tiny_tokenizer", "tiny_tokenizer_dir", "tiny_model", "save_random_hf_checkpoint", "load_hf_torch",
+           "hf_logits", "random_tokens", "hf_io"]
