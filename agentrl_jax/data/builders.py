@@ -7,7 +7,9 @@
 Each prepared dataset lives under `data_dir/<builder>/<schema>-<fingerprint>/1.0.0/`; the fingerprint covers
 the source file's bytes and the build options, so editing the file or switching `skip_malformed` builds anew
 instead of silently reusing stale data. Skipped rows are counted in the dataset's `metadata.json` and logged.
-Builds need no TensorFlow (tensorflow-datasets writes ArrayRecord on its own).
+Builds need no TensorFlow (tensorflow-datasets writes ArrayRecord on its own). Builds are deterministic; on
+several hosts give each its own local `data_dir`, or let process 0 build before the others open a shared one
+(two concurrent builds of one dataset race on TFDS's final rename).
 """
 
 from __future__ import annotations

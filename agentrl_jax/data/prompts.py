@@ -161,6 +161,9 @@ def apply_prompt_style(record: rec.PromptRecord, style: PromptStyle) -> rec.Prom
     return text
 
   prompt = [dict(m) for m in record.prompt]
-  last_user = max(i for i, m in enumerate(prompt) if m["role"] == "user")
+  users = [i for i, m in enumerate(prompt) if m["role"] == "user"]
+  if not users:
+    raise ValueError(f"record {record.index} ({record.data_source}) has no user message to style")
+  last_user = users[-1]
   prompt[last_user]["content"] = render(template.prefix) + prompt[last_user]["content"] + render(template.suffix)
   return dataclasses.replace(record, prompt=prompt)

@@ -7,7 +7,7 @@ import os
 import re
 
 import pytest
-from conftest import TOOL_SCHEMA, write_parquet
+import tfds_rows
 
 from agentrl_jax.data import builders
 from agentrl_jax.data.records import Conversation, PromptRecord
@@ -24,20 +24,20 @@ def test_tfds_sft_builder_reads_back_conversations(tmp_path, source_file):
   # The ArrayRecord file is really there (one split, file order kept).
   assert any(".array_record-" in f for f in os.listdir(prepared.builder.data_dir))
   first = got[0]
-  assert isinstance(first, Conversation) and first.index == 0 and first.tools == [TOOL_SCHEMA]
+  assert isinstance(first, Conversation) and first.index == 0 and first.tools == [tfds_rows.TOOL_SCHEMA]
   # Parquet's null struct members (tool_calls=None) are dropped, not kept as explicit nulls.
   assert first.messages[0] == {"role": "system", "content": "You can run Python."}
   assert first.messages[2]["tool_calls"][0]["function"]["name"] == "code_interpreter"
   assert [m["role"] for m in first.messages] == ["system", "user", "assistant", "tool", "assistant"]
   assert got[1] == Conversation(
       messages=[{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}],
-      tools=[TOOL_SCHEMA], index=1)
+      tools=[tfds_rows.TOOL_SCHEMA], index=1)
 
 
 def test_tfds_sft_builder_accepts_nested_tools(tmp_path, source_file):
-  rows = [dict(r, tools=[TOOL_SCHEMA]) for r in __import__("conftest").sft_rows()]
+  rows = [dict(r, tools=[tfds_rows.TOOL_SCHEMA]) for r in tfds_rows.sft_rows()]
   prepared = _prepare(tmp_path, source_file("sft", rows), "sft")
-  assert [c.tools for c in prepared.records()] == [[TOOL_SCHEMA], [TOOL_SCHEMA]]
+  assert [c.tools for c in prepared.records()] == [[tfds_rows.TOOL_SCHEMA], [tfds_rows.TOOL_SCHEMA]]
 
 
 def test_tfds_rl_builder_reads_back_prompts(tmp_path, source_file):
@@ -77,7 +77,7 @@ def test_tfds_livecodebench_builder(tmp_path, source_file):
 
 
 def _bad_rows(schema):
-  rows = __import__("conftest").ROWS[schema]()
+  rows = tfds_rows.ROWS[schema]()
   rows = rows + [dict(rows[0])]  # at least 2 good rows around the bad one
   bad = dict(rows[0])
   if schema == "sft":
@@ -117,7 +117,7 @@ def test_tfds_malformed_rows_skipped_and_counted(tmp_path, source_file, schema):
 
 
 def test_tfds_all_rows_malformed_is_an_error(tmp_path, source_file):
-  path = source_file("gpqa_diamond", [dict(r, solution="?") for r in __import__("conftest").gpqa_rows()])
+  path = source_file("gpqa_diamond", [dict(r, solution="?") for r in tfds_rows.gpqa_rows()])
   with pytest.raises(ValueError, match="no valid rows"):
     _prepare(tmp_path, path, "gpqa_diamond", skip_malformed=True)
 
@@ -134,7 +134,7 @@ def test_tfds_jsonl_bad_line_and_missing_file(tmp_path):
 def test_tfds_source_change_rebuilds(tmp_path, source_file):
   path = source_file("aime2025")
   first = _prepare(tmp_path, path, "aime2025")
-  write_parquet(path, __import__("conftest").aime2025_rows()[:1])
+  tfds_rows.write_parquet(path, tfds_rows.aime2025_rows()[:1])
   second = _prepare(tmp_path, path, "aime2025")
   assert second.builder.data_dir != first.builder.data_dir and second.num_examples == 1
 
