@@ -6,7 +6,7 @@
 """
 
 from agentrl_jax.data.builders import PreparedDataset, SourceConfig, prepare
-from agentrl_jax.data.pipeline import PipelineConfig, conversation_batches, prompt_batches
+from agentrl_jax.data.pipeline import PipelineConfig, conversation_batches, num_batches, prompt_batches
 from agentrl_jax.data.prompts import PromptStyle, PromptTemplate, apply_prompt_style
 from agentrl_jax.data.records import Conversation, PromptRecord
 
@@ -20,6 +20,7 @@ __all__ = [
     "SourceConfig",
     "apply_prompt_style",
     "conversation_batches",
+    "num_batches",
     "prepare",
     "prompt_batches",
 ]

@@ -84,12 +84,33 @@ class PipelineConfig:
     return self.shard_index, self.shard_count
 
 
+def _shard_length(num_examples: int, config: PipelineConfig) -> int:
+  index, count = config.shard()
+  usable = num_examples // count * count if config.even_shards else num_examples
+  return len(range(index, usable, count))
+
+
+def num_batches(num_examples: int, config: PipelineConfig) -> int:
+  """Batches this process's iterator yields in total (e.g. the SFT trainer's step count for its schedule).
+
+  Batches run across epoch boundaries, so this is `ceil` or `floor` (drop_remainder) of
+  `num_epochs * shard_length / batch_size`, not a per-epoch count times epochs.
+
+  Raises:
+    ValueError: `config.num_epochs` is None (the iterator never ends).
+  """
+  if config.num_epochs is None:
+    raise ValueError("num_batches needs PipelineConfig.num_epochs (None repeats forever)")
+  records = config.num_epochs * _shard_length(num_examples, config)
+  return records // config.batch_size if config.drop_remainder else -(-records // config.batch_size)
+
+
 def _batches(source: Sequence[Any], config: PipelineConfig,
              decode: Callable[[Any], Any]) -> grain.IterDataset:
   index, count = config.shard()
   ds = grain.MapDataset.source(source)
-  usable = len(ds) // count * count if config.even_shards else len(ds)
   # Fixed per-process subsets (not a re-split each epoch): a host's position then depends on its shard alone.
+  usable = len(ds) // count * count if config.even_shards else len(ds)
   ds = ds[:usable][index::count]
   if len(ds) < (config.batch_size if config.drop_remainder else 1):
     raise ValueError(f"shard {index}/{count} has {len(ds)} records, fewer than one batch of "

@@ -91,6 +91,17 @@ def test_tfds_pipeline_resume_through_orbax(rl_source, tmp_path):
   assert _indices([next(fresh) for _ in range(4)]) == expected
 
 
+@pytest.mark.parametrize("kwargs", [
+    {"num_epochs": 3, "batch_size": 4},
+    {"num_epochs": 3, "batch_size": 4, "drop_remainder": False},
+    {"num_epochs": 2, "batch_size": 2, "shard_index": 1, "shard_count": 3},
+    {"num_epochs": 1, "batch_size": 1, "shard_index": 0, "shard_count": 3, "even_shards": False},
+])
+def test_tfds_pipeline_num_batches(rl_source, kwargs):
+  config = _cfg(**kwargs)
+  assert pipeline.num_batches(len(rl_source), config) == len(list(pipeline.prompt_batches(rl_source, config)))
+
+
 def test_tfds_pipeline_conversations(tmp_path, source_file):
   prepared = builders.prepare(builders.SourceConfig(path=source_file("sft"), schema="sft",
                                                     data_dir=str(tmp_path / "tfds")))
