@@ -25,6 +25,9 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from agentrl_jax.data import records as rec
 
 Record = rec.PromptRecord | rec.Conversation
@@ -63,16 +66,13 @@ def iter_rows(path: str) -> Iterator[tuple[int, Mapping[str, Any] | MalformedRow
     raise ValueError(f"{path}: no such file")
   if path.endswith(".parquet"):
     yield from _iter_parquet(path)
-  elif path.endswith((".jsonl", ".json")):
+  elif path.endswith(".jsonl"):
     yield from _iter_jsonl(path)
   else:
     raise ValueError(f"{path}: unknown file type (expected .parquet or .jsonl)")
 
 
 def _iter_parquet(path: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
-  import pyarrow as pa  # pylint: disable=g-import-not-at-top
-  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-
   try:
     file = pq.ParquetFile(path)
   except (pa.ArrowException, OSError) as e:
