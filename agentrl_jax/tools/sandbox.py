@@ -1,0 +1,441 @@
+"""Local executor for untrusted, model-written Python: a fresh interpreter per call under bubblewrap.
+
+Each call gets new pid, network, ipc, uts (and, when possible, cgroup) namespaces and its own mount namespace: a
+read-only view of /usr, the Python installation and a few /etc files; a private tmpfs /tmp (the working
+directory) and /dev/shm; a fresh /proc showing only the sandbox's processes. bubblewrap and the child start
+with an EMPTY inherited environment; the child sees only the constants in `CHILD_ENV` (nothing of the caller's).
+Inside, a tiny launcher sets rlimits (address space, CPU seconds, processes, file size, open files, no core
+files) and, when we are root, drops to a random unprivileged uid so RLIMIT_NPROC applies (the kernel does not
+enforce it for root), then execs the program as pid 1 of the namespace. When pid 1 exits or is killed the kernel
+kills every other process of the namespace, daemons included, and the tmpfs goes with the mount namespace: a
+call leaves no process and no file behind. A wall-clock timeout SIGKILLs pid 1 (through a pidfd, so a reused pid
+is never hit) and bubblewrap; stdout/stderr are read while the program runs, keeping a bounded head and tail.
+
+    from agentrl_jax.tools import sandbox
+    r = sandbox.run_python("print(sum(range(10)))", timeout_s=5, memory_mb=512)
+    r.status, r.stdout   # ('ok', '45\\n')
+
+Requires bubblewrap (`apt-get install bubblewrap`; launch/setup.sh does it when root). Without it, calls return
+`sandbox_error` unless `ToolConfig.allow_unsandboxed` is set, which runs programs with rlimits only and warns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import random
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+
+from agentrl_jax.tools.base import ExecResult, PoolExecutor, ToolConfig, classify_exit, with_note
+
+logger = logging.getLogger(__name__)
+
+# The whole environment the program sees. Thread caps keep numpy/BLAS inside RLIMIT_NPROC and RLIMIT_AS.
+CHILD_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "MPLBACKEND": "Agg",
+}
+WORKDIR = "/tmp"
+MAIN = "/tmp/main.py"
+# Root mode runs each call as a random uid in [base, base + span): never a real account, and distinct per call
+# so RLIMIT_NPROC (counted per uid) of concurrent calls does not add up.
+_UID_BASE, _UID_SPAN = 1_700_000_000, 1 << 24
+_ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives")
+_READ_CHUNK = 65536
+
+# Runs inside the sandbox as `python -I -S -c _LAUNCHER uid as_bytes cpu_s nproc fsize nofile -- prog...`.
+_LAUNCHER = """
+import os, resource as R, sys
+a = sys.argv
+uid, mem, cpu, nproc, fsize, nofile = map(int, a[1:7])
+for lim, soft, hard in ((R.RLIMIT_AS, mem, mem), (R.RLIMIT_CPU, cpu, cpu + 1), (R.RLIMIT_NPROC, nproc, nproc),
+                        (R.RLIMIT_FSIZE, fsize, fsize), (R.RLIMIT_NOFILE, nofile, nofile), (R.RLIMIT_CORE, 0, 0)):
+  R.setrlimit(lim, (soft, hard))
+if uid >= 0:
+  import ctypes
+  os.setgroups([])
+  os.setresgid(uid, uid, uid)
+  os.setresuid(uid, uid, uid)
+  # A uid change clears the parent-death signal bubblewrap set; re-arm it (PR_SET_PDEATHSIG, SIGKILL).
+  ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)
+os.execv(a[8], a[8:])
+"""
+
+
+@functools.cache
+def bwrap_path() -> str | None:
+  """Absolute path of a usable `bwrap`, or None."""
+  for path in (shutil.which("bwrap"), "/usr/bin/bwrap", "/usr/local/bin/bwrap"):
+    if path and os.access(path, os.X_OK):
+      return path
+  return None
+
+
+@functools.cache
+def _bwrap_options(path: str) -> frozenset[str]:
+  """Long options this bubblewrap build supports (older releases lack --size, --disable-userns...)."""
+  try:
+    out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10, env={}, check=False)
+  except (OSError, subprocess.SubprocessError):
+    return frozenset()
+  return frozenset(re.findall(r"(--[a-z0-9-]+)", out.stdout + out.stderr))
+
+
+def _python_roots(python: str) -> list[str]:
+  """Directories to mount read-only so `python` and its packages (virtualenv included) work inside."""
+  roots = []
+  prefix = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+  cfg = os.path.join(prefix, "pyvenv.cfg")
+  if os.path.isfile(cfg):  # a virtualenv: its own dir (as named) plus the base installation it points to
+    roots.append(prefix)
+    with open(cfg, encoding="utf-8", errors="replace") as f:
+      for line in f:
+        key, _, value = line.partition("=")
+        if key.strip() == "home" and value.strip():
+          roots.append(os.path.dirname(os.path.realpath(value.strip())))
+  roots.append(os.path.dirname(os.path.dirname(os.path.realpath(python))))
+  # /usr is mounted anyway; nested roots are covered by their parent.
+  out: list[str] = []
+  for r in sorted(set(roots)):
+    if r in ("", "/", "/usr") or r.startswith("/usr/") or any(r.startswith(o + "/") for o in out):
+      continue
+    out.append(r)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """How this process runs programs: the command prefix before the launcher's arguments."""
+
+  mode: str  # 'bwrap-root' | 'bwrap-userns' | 'unsandboxed'
+  prefix: tuple[str, ...]
+  python: str
+  bwrap_options: frozenset[str] = frozenset()
+
+
+def _plan(cfg: ToolConfig) -> _Plan | str:
+  """Builds the command plan for `cfg`, or returns the reason no sandbox is possible."""
+  python = cfg.python or sys.executable
+  if not os.access(python, os.X_OK):
+    return f"the sandbox interpreter {python!r} is not executable (ToolConfig.python)"
+  bwrap = bwrap_path()
+  if bwrap is None:
+    if cfg.allow_unsandboxed:
+      return _Plan("unsandboxed", (), python)
+    return ("bubblewrap (bwrap) is not installed, so model code cannot be isolated. Install it with "
+            "'sudo apt-get install bubblewrap' (launch/setup.sh does this when run as root), or set "
+            "ToolConfig.allow_unsandboxed=True to run code WITHOUT isolation (only on a throwaway machine).")
+  opts = _bwrap_options(bwrap)
+  root = os.geteuid() == 0
+  args = [bwrap, "--ro-bind", "/usr", "/usr"]
+  for name in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+    if os.path.islink(name):
+      args += ["--symlink", os.readlink(name), name]
+    elif os.path.isdir(name):
+      args += ["--ro-bind", name, name]
+  for name in _ETC_FILES:
+    if os.path.exists(name):
+      args += ["--ro-bind", name, name]
+  made = set()
+  for r in _python_roots(python):
+    # bubblewrap creates missing parents 0700, which the dropped uid could not traverse.
+    parts = r.strip("/").split("/")
+    for i in range(1, len(parts)):
+      d = "/" + "/".join(parts[:i])
+      if d not in made and not d.startswith(("/usr", "/etc", "/tmp", "/proc", "/dev")):
+        made.add(d)
+        args += ["--perms", "0755", "--dir", d]
+    args += ["--ro-bind", r, r]
+  size = ["--size", str(cfg.max_file_mb << 20)] if "--size" in opts else []
+  args += ["--proc", "/proc", "--dev", "/dev"]
+  args += ["--perms", "1777", *size, "--tmpfs", WORKDIR, "--perms", "1777", *size, "--tmpfs", "/dev/shm"]
+  args += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+           "--hostname", "sandbox", "--die-with-parent", "--new-session", "--as-pid-1", "--chdir", WORKDIR,
+           "--clearenv"]
+  for key, value in CHILD_ENV.items():
+    args += ["--setenv", key, value]
+  if root:
+    # As root bubblewrap keeps every capability unless told; keep only what the launcher needs to drop uid.
+    args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    mode = "bwrap-root"
+  else:
+    args += ["--unshare-user"] + (["--disable-userns"] if "--disable-userns" in opts else [])
+    mode = "bwrap-userns"
+  return _Plan(mode, tuple(args), python, opts)
+
+
+class _Capture:
+  """Keeps the first and last `cap // 2` bytes of a stream and counts the rest."""
+
+  def __init__(self, cap: int):
+    self.head_cap, self.tail_cap = cap // 2, cap - cap // 2
+    self.head, self.tail = bytearray(), bytearray()
+    self.total = 0
+
+  def add(self, data: bytes) -> None:
+    self.total += len(data)
+    room = self.head_cap - len(self.head)
+    if room > 0:
+      self.head += data[:room]
+      data = data[room:]
+    if data:
+      self.tail += data
+      if len(self.tail) > 2 * self.tail_cap:  # trim in batches: amortised O(1) per byte
+        del self.tail[:len(self.tail) - self.tail_cap]
+
+  def text(self) -> str:
+    tail = self.tail[-self.tail_cap:] if self.tail_cap else b""
+    dropped = self.total - len(self.head) - len(tail)
+    mid = f"\n[... {dropped} bytes omitted ...]\n".encode() if dropped > 0 else b""
+    return bytes(self.head + mid + tail).decode("utf-8", errors="replace")
+
+
+def _memfd(name: str, data: bytes) -> int:
+  fd = os.memfd_create(name, 0)  # no MFD_CLOEXEC: the fd is handed to bubblewrap / the child
+  view = memoryview(data)
+  while view:
+    view = view[os.write(fd, view):]
+  os.lseek(fd, 0, os.SEEK_SET)
+  return fd
+
+
+def _terminate(proc: subprocess.Popen, pidfd: int | None) -> None:
+  """SIGKILLs the sandbox and waits until none of its processes remain."""
+  if pidfd is not None:
+    try:
+      signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+      pass
+    # The namespace's init finishes exiting only after every other process of the namespace is gone; bubblewrap
+    # then reaps it and exits. So wait for bubblewrap rather than kill it: when it is gone, so is everything.
+    try:
+      proc.wait(timeout=5.0)
+      return
+    except subprocess.TimeoutExpired:
+      pass
+  if proc.poll() is None:
+    try:
+      os.killpg(proc.pid, signal.SIGKILL)  # --die-with-parent then takes the namespace down
+    except OSError:
+      pass
+
+
+def run_python(code: str, *, timeout_s: float, memory_mb: int, stdin: str = "", cfg: ToolConfig | None = None,
+               on_start: Callable[[dict], None] | None = None) -> ExecResult:
+  """Runs `code` as a Python program in a fresh sandbox and waits for it.
+
+  Args:
+    code: program text (run as a file, so tracebacks show source lines).
+    timeout_s: wall-clock limit; the CPU-time rlimit is the same number of seconds (rounded up).
+    memory_mb: address-space limit of each process.
+    stdin: text fed to the program's standard input (empty: it reads EOF at once).
+    cfg: other limits and the interpreter; `timeout_s` / `memory_mb` above take precedence.
+    on_start: called with bubblewrap's status record (`child-pid`, `pid-namespace`...) once the sandbox is up;
+      for monitoring and tests.
+
+  Returns:
+    The `ExecResult`; never raises for anything the program does.
+  """
+  cfg = dataclasses.replace(cfg or ToolConfig(), timeout_s=timeout_s, memory_mb=memory_mb)
+  plan = _plan(cfg)
+  if isinstance(plan, str):
+    return ExecResult("sandbox_error", stderr=f"[sandbox] {plan}")
+  if plan.mode == "unsandboxed":
+    _warn_unsandboxed()
+  return _run(plan, cfg, code, stdin, on_start)
+
+
+def _run(plan: _Plan, cfg: ToolConfig, code: str, stdin: str, on_start: Callable[[dict], None] | None) -> ExecResult:
+  start = time.monotonic()
+  deadline = start + cfg.timeout_s
+  uid = _UID_BASE + random.randrange(_UID_SPAN) if plan.mode == "bwrap-root" else -1
+  limits = [str(uid), str(cfg.memory_mb << 20), str(max(1, int(-(-cfg.timeout_s // 1)))), str(cfg.max_processes),
+            str(cfg.max_file_mb << 20), str(cfg.max_open_files)]
+  code_bytes = code.encode("utf-8", errors="surrogateescape")
+  fds: list[int] = []
+  tmpdir = None
+  try:
+    stdin_fd = _memfd("stdin", stdin.encode("utf-8", errors="surrogateescape")) if stdin else subprocess.DEVNULL
+    if stdin:
+      fds.append(stdin_fd)
+    status_r = status_w = -1
+    if plan.mode == "unsandboxed":
+      tmpdir = tempfile.mkdtemp(prefix="agentrl_unsandboxed_")
+      main = os.path.join(tmpdir, "main.py")
+      with open(main, "wb") as f:
+        f.write(code_bytes)
+      cmd = [plan.python, "-I", "-S", "-c", _LAUNCHER, *limits, "--", plan.python, "-I", "-B", "-u", main]
+      popen_kw = {"cwd": tmpdir, "env": dict(CHILD_ENV, TMPDIR=tmpdir, HOME=tmpdir), "pass_fds": ()}
+    else:
+      code_fd = _memfd("main.py", code_bytes)
+      fds.append(code_fd)
+      status_r, status_w = os.pipe()
+      fds += [status_r, status_w]
+      cmd = [*plan.prefix, "--file", str(code_fd), MAIN, "--json-status-fd", str(status_w), "--",
+             plan.python, "-I", "-S", "-c", _LAUNCHER, *limits, "--", plan.python, "-I", "-B", "-u", MAIN]
+      popen_kw = {"env": {}, "pass_fds": (code_fd, status_w)}
+    try:
+      proc = subprocess.Popen(cmd, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              start_new_session=True, close_fds=True, **popen_kw)
+    except OSError as e:
+      return ExecResult("sandbox_error", stderr=f"[sandbox] could not start: {e}", wall_s=time.monotonic() - start)
+    if status_w >= 0:
+      os.close(status_w)
+      fds.remove(status_w)
+    return _supervise(proc, cfg, status_r, deadline, start, on_start)
+  finally:
+    for fd in fds:
+      try:
+        os.close(fd)
+      except OSError:
+        pass
+    if tmpdir is not None:
+      shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _supervise(proc: subprocess.Popen, cfg: ToolConfig, status_r: int, deadline: float, start: float,
+               on_start: Callable[[dict], None] | None) -> ExecResult:
+  """Reads output and status until the program ends, the deadline passes or the output limit is hit."""
+  out, err = _Capture(cfg.max_output_bytes), _Capture(cfg.max_output_bytes)
+  status_buf, records = b"", []
+  pidfd, timed_out, too_much = None, False, False
+  sel = selectors.DefaultSelector()
+  sel.register(proc.stdout, selectors.EVENT_READ, out)
+  sel.register(proc.stderr, selectors.EVENT_READ, err)
+  if status_r >= 0:
+    sel.register(status_r, selectors.EVENT_READ, "status")
+  try:
+    while sel.get_map():
+      left = deadline - time.monotonic()
+      if left <= 0:
+        timed_out = True
+        break
+      for key, _ in sel.select(timeout=min(left, 1.0)):
+        data = os.read(key.fd, _READ_CHUNK)
+        if not data:
+          sel.unregister(key.fileobj)
+        elif key.data == "status":
+          status_buf += data
+          status_buf, new = _parse_status(status_buf)
+          for rec in new:
+            records.append(rec)
+            if "child-pid" in rec and pidfd is None:
+              try:
+                pidfd = os.pidfd_open(rec["child-pid"])
+              except OSError:
+                pass
+              if on_start is not None:
+                on_start(rec)
+        else:
+          key.data.add(data)
+      if out.total + err.total > cfg.output_limit_bytes:
+        too_much = True
+        break
+    if timed_out or too_much:
+      _terminate(proc, pidfd)
+    try:
+      proc.wait(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
+    except subprocess.TimeoutExpired:
+      timed_out = True
+      _terminate(proc, pidfd)
+      proc.wait()
+  finally:
+    sel.close()
+    proc.stdout.close()
+    proc.stderr.close()
+    if pidfd is not None:
+      os.close(pidfd)
+  wall = time.monotonic() - start
+  stdout, stderr = out.text(), err.text()
+  if timed_out:
+    return ExecResult("timeout", stdout, with_note(stderr, f"wall-clock limit of {cfg.timeout_s:g} s exceeded; "
+                                                   "process killed"), None, wall)
+  if too_much:
+    return ExecResult("killed", stdout, with_note(stderr, f"output limit of {cfg.output_limit_bytes} bytes "
+                                                  "exceeded; process killed"), -signal.SIGKILL, wall)
+  if status_r < 0:  # unsandboxed: the interpreter's own exit status
+    exit_code = proc.returncode
+  else:
+    exits = [r["exit-code"] for r in records if "exit-code" in r]
+    if not exits:  # bubblewrap failed before the program ran (bad mount, no namespaces...)
+      return ExecResult("sandbox_error", stdout, with_note(stderr.strip(), f"bubblewrap failed (exit "
+                                                           f"{proc.returncode}); the program did not run"), None, wall)
+    exit_code = exits[-1]
+  status, exit_code, stderr = classify_exit(exit_code, stderr)
+  return ExecResult(status, stdout, stderr, exit_code, wall)
+
+
+def _parse_status(buf: bytes) -> tuple[bytes, list[dict]]:
+  """Splits complete JSON documents off bubblewrap's status stream."""
+  text = buf.decode("utf-8", errors="replace")
+  dec, pos, out = json.JSONDecoder(), 0, []
+  while True:
+    while pos < len(text) and text[pos].isspace():
+      pos += 1
+    try:
+      obj, end = dec.raw_decode(text, pos)
+    except ValueError:
+      break
+    if isinstance(obj, dict):
+      out.append(obj)
+    pos = end
+  return text[pos:].encode(), out
+
+
+_warned = False
+
+
+def _warn_unsandboxed() -> None:
+  global _warned
+  if not _warned:
+    _warned = True
+    msg = ("agentrl_jax.tools.sandbox: bubblewrap is missing and ToolConfig.allow_unsandboxed=True: model-written "
+           "code runs WITHOUT isolation (rlimits and a temp dir only). It can read your files, use the network "
+           "and leave processes behind. Install bubblewrap ('apt-get install bubblewrap').")
+    logger.warning(msg)
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+@functools.cache
+def _probe(cfg: ToolConfig) -> str | None:
+  """Runs a trivial program once per config; returns why the sandbox does not work, or None."""
+  r = run_python("print(6 * 7)", timeout_s=max(cfg.timeout_s, 30.0), memory_mb=max(cfg.memory_mb, 256), cfg=cfg)
+  if r.status == "ok" and r.stdout == "42\n":
+    return None
+  return f"status={r.status} exit={r.exit_code} stdout={r.stdout[:200]!r} stderr={r.stderr[-1500:]!r}"
+
+
+class LocalExecutor(PoolExecutor):
+  """`Executor` running each program in its own bubblewrap sandbox, `cfg.concurrency` at a time."""
+
+  def __init__(self, cfg: ToolConfig):
+    plan = _plan(cfg)
+    if isinstance(plan, str):
+      raise RuntimeError(f"local code executor: {plan}")
+    if plan.mode == "unsandboxed":
+      _warn_unsandboxed()
+    problem = _probe(cfg)
+    if problem is not None:
+      raise RuntimeError(f"local code executor ({plan.mode}): a trivial program failed in the sandbox; "
+                         "bubblewrap may lack permission to create namespaces here (containers often forbid it; "
+                         f"run as root or enable unprivileged user namespaces). Details: {problem}")
+    self.cfg, self.mode = cfg, plan.mode
+    super().__init__(lambda code, stdin: _run(plan, cfg, code, stdin, None), cfg.concurrency, "sandbox")
