@@ -172,6 +172,9 @@ class LossConfig:
 
 def _logp_entropy(logits: Float[Array, "*N V"], tokens: Int[Array, "*N"], temperature: float):
     z = logits.astype(jnp.float32) / temperature
+    # Shift by the max so lse and E_p[z] are O(1): lse - E_p[z] on raw logits of ~100 cancels catastrophically.
+    z_max = lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
+    z = z - jnp.where(jnp.isfinite(z_max), z_max, 0.0)
     lse = jax.nn.logsumexp(z, axis=-1)
     z_tok = jnp.take_along_axis(z, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
     p = jnp.exp(z - lse[..., None])
@@ -230,9 +233,7 @@ def token_logprobs(
     logits: Float[Array, "B T V"], tokens: Int[Array, "B T"], *, temperature: float = 1.0
 ) -> Float[Array, "B T"]:
     """Log-probability (float32) of `tokens` under `logits` aligned with them; see token_logprobs_and_entropy."""
-    z = logits.astype(jnp.float32) / temperature
-    z_tok = jnp.take_along_axis(z, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return z_tok - jax.nn.logsumexp(z, axis=-1)
+    return _logp_entropy(logits, tokens, temperature)[0]  # XLA drops the unused entropy
 
 
 def entropy_from_logits(logits: Float[Array, "*N V"], *, temperature: float = 1.0) -> Float[Array, "*N"]:
