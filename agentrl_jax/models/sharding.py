@@ -68,10 +68,13 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
   if math.prod(sizes.values()) != len(devices):
     raise ValueError(f"make_mesh: axis sizes {sizes} do not multiply to {len(devices)} devices")
   shape = tuple(sizes[a] for a in MESH_AXES)
+  # Auto axes: the compiler propagates shardings from params/inputs and our logical constraints (GSPMD),
+  # rather than JAX's explicit-sharding type system.
+  axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
   try:
-    return jax.make_mesh(shape, MESH_AXES, devices=devices)
-  except (TypeError, ValueError):  # older jax without `devices=`, or a device order make_mesh rejects
-    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+    return jax.make_mesh(shape, MESH_AXES, devices=devices, axis_types=axis_types)
+  except ValueError:  # a device subset make_mesh cannot lay out physically
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=axis_types)
 
 
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int] | None = None,

@@ -15,7 +15,7 @@ TOL = 1e-4
 @pytest.fixture(scope="module")
 def models(hf_checkpoint):
   cfg, path = hf_checkpoint
-  return cfg, hf_io.load_hf_checkpoint(path), testing.load_hf_torch(path)
+  return cfg, testing.jit_forward(hf_io.load_hf_checkpoint(path)), testing.load_hf_torch(path)
 
 
 def _maxdiff(a, b):
@@ -85,21 +85,12 @@ def test_padded_batch_parity(models):
     assert _maxdiff(cached, alone) <= TOL
 
 
-def test_jitted_decode_matches_eager(models):
-  """The cache path compiles (as the sampler uses it) and gives the same result as eager execution."""
-  from flax import nnx
-
-  cfg, ours, _ = models
-  graphdef, state = nnx.split(ours)
-
-  @jax.jit
-  def step(state, tokens, cache):
-    logits, cache = nnx.merge(graphdef, state)(tokens, cache=cache)
-    return logits, cache
-
+def test_jitted_decode_matches_eager(hf_checkpoint):
+  """The compiled cache path (as the sampler runs it) gives the same result as eager execution."""
+  cfg, path = hf_checkpoint
+  eager = hf_io.load_hf_checkpoint(path)
   tokens = testing.random_tokens(jax.random.key(3), 2, 6, cfg.vocab_size)
-  cache = KVCache.init(cfg, batch=2, max_len=8)
-  a, cache_a = step(state, tokens, cache)
-  b, cache_b = ours(tokens, cache=KVCache.init(cfg, batch=2, max_len=8))
+  a, cache_a = testing.jit_forward(eager)(tokens, cache=KVCache.init(cfg, batch=2, max_len=8))
+  b, cache_b = eager(tokens, cache=KVCache.init(cfg, batch=2, max_len=8))
   assert _maxdiff(a, b) <= 1e-5
   assert _maxdiff(cache_a.k[0], cache_b.k[0]) <= 1e-5
