@@ -29,7 +29,7 @@ if [ ! -f "$_stamp" ] || [ "$(cat "$_stamp")" != "$_want" ]; then
   echo "setup: installing $_req into .venv"
   python -m pip install -q --upgrade pip
   python -m pip install -q -r "$_req"
-  python -m pip install -q --no-deps --no-build-isolation -e .
+  python -m pip install -q --no-deps -e .
   echo "$_want" > "$_stamp"
 fi
 
