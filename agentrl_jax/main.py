@@ -37,7 +37,12 @@ def main(argv):
   job = config.get("job")
   if job not in JOBS:
     raise app.UsageError(f"config.job={job!r} is not one of {sorted(JOBS)}")
-  os.makedirs(workdir, exist_ok=True)
+  if os.environ.get("AGENTRL_DISTRIBUTED") == "1":  # multi-host TPU slices (launch/tpu_vm.sh sets it)
+    import jax
+
+    jax.distributed.initialize()
+  if "://" not in workdir:
+    os.makedirs(workdir, exist_ok=True)
   logging.getLogger().setLevel(logging.INFO)
   importlib.import_module(JOBS[job]).run(config, workdir)
 
