@@ -65,9 +65,7 @@ def normalize(answer: str) -> str:
   if _THOUSANDS.fullmatch(s):
     s = s.replace(",", "")
   s = _plain_number(s)
-  while len(s) >= 2 and s[0] == "{" and s[-1] == "}" and _balanced(s[1:-1]):
-    s = s[1:-1]
-  return s
+  return _strip_outer_braces(s)
 
 
 def _plain_number(s: str) -> str:
@@ -85,13 +83,21 @@ def _plain_number(s: str) -> str:
   return sign + whole + (f".{frac}" if frac else "")
 
 
-def _balanced(s: str) -> bool:
-  depth = 0
-  for c in s:
+def _strip_outer_braces(s: str) -> str:
+  """'{{x}}' -> 'x', '{a}{b}' unchanged; one pass (a loop of balance checks would be quadratic)."""
+  k = min(len(s) - len(s.lstrip("{")), len(s) - len(s.rstrip("}")))
+  if k == 0:
+    return s
+  depth, low = 0, k
+  for i, c in enumerate(s):
     depth += (c == "{") - (c == "}")
     if depth < 0:
-      return False
-  return depth == 0
+      return s
+    if k - 1 <= i <= len(s) - 1 - k:
+      low = min(low, depth)
+  if depth != 0 or low == 0:
+    return s
+  return s[low:len(s) - low]
 
 
 # ---------------------------------------------------------------------------------------------- tokenizer

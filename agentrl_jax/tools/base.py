@@ -83,6 +83,7 @@ class ToolConfig:
       and virtualenv are mounted read-only, so numpy/sympy/... are available to model code).
     retries: SandboxFusion only: attempts after the first on HTTP 5xx, connection errors and timeouts.
     retry_backoff_s: SandboxFusion only: first retry delay, doubled per attempt.
+    request_timeout_s: SandboxFusion only: HTTP timeout per attempt; None = timeout_s + 30 (queueing, start-up).
   """
 
   backend: str = "local"
@@ -99,6 +100,7 @@ class ToolConfig:
   python: str = ""
   retries: int = 3
   retry_backoff_s: float = 0.5
+  request_timeout_s: float | None = None
 
   def __post_init__(self):
     if self.backend not in BACKENDS:
@@ -122,6 +124,8 @@ class ToolConfig:
     if self.max_open_files < 16:
       raise ValueError(f"ToolConfig.max_open_files must be >= 16 (the interpreter needs some), got "
                        f"{self.max_open_files}")
+    if self.request_timeout_s is not None and not self.request_timeout_s > 0:
+      raise ValueError(f"ToolConfig.request_timeout_s must be > 0 or None, got {self.request_timeout_s!r}")
     if self.retries < 0 or self.retry_backoff_s < 0:
       raise ValueError(f"ToolConfig.retries and retry_backoff_s must be >= 0, got {self.retries}, "
                        f"{self.retry_backoff_s}")

@@ -254,6 +254,9 @@ def run_python(code: str, *, timeout_s: float, memory_mb: int, stdin: str = "", 
   Returns:
     The `ExecResult`; never raises for anything the program does.
   """
+  if not isinstance(code, str) or not isinstance(stdin, str):
+    return ExecResult("error", stderr=f"code and stdin must be str, got {type(code).__name__} and "
+                      f"{type(stdin).__name__}")
   cfg = dataclasses.replace(cfg or ToolConfig(), timeout_s=timeout_s, memory_mb=memory_mb)
   plan = _plan(cfg)
   if isinstance(plan, str):
@@ -269,11 +272,12 @@ def _run(plan: _Plan, cfg: ToolConfig, code: str, stdin: str, on_start: Callable
   uid = _UID_BASE + random.randrange(_UID_SPAN) if plan.mode == "bwrap-root" else -1
   limits = [str(uid), str(cfg.memory_mb << 20), str(max(1, int(-(-cfg.timeout_s // 1)))), str(cfg.max_processes),
             str(cfg.max_file_mb << 20), str(cfg.max_open_files)]
-  code_bytes = code.encode("utf-8", errors="surrogateescape")
+  # Lone surrogates cannot be UTF-8; passing them through makes the interpreter report a clear decode error.
+  code_bytes = code.encode("utf-8", errors="surrogatepass")
   fds: list[int] = []
   tmpdir = None
   try:
-    stdin_fd = _memfd("stdin", stdin.encode("utf-8", errors="surrogateescape")) if stdin else subprocess.DEVNULL
+    stdin_fd = _memfd("stdin", stdin.encode("utf-8", errors="surrogatepass")) if stdin else subprocess.DEVNULL
     if stdin:
       fds.append(stdin_fd)
     status_r = status_w = -1

@@ -24,7 +24,7 @@ from typing import Any
 from agentrl_jax.tools.base import ExecResult, PoolExecutor, ToolConfig, classify_exit, with_note
 
 logger = logging.getLogger(__name__)
-_SLACK_S = 30.0  # request timeout beyond the run timeout: queueing and start-up on the server
+_SLACK_S = 30.0  # default request timeout beyond the run timeout: queueing and start-up on the server
 
 
 def _cap(text: Any, max_bytes: int) -> str:
@@ -75,6 +75,7 @@ def run_code(code: str, stdin: str, cfg: ToolConfig) -> ExecResult:
       "files": {},
       "fetch_files": [],
   }).encode("utf-8", errors="surrogateescape")
+  timeout = cfg.request_timeout_s if cfg.request_timeout_s is not None else cfg.timeout_s + _SLACK_S
   start = time.monotonic()
   last = ""
   for attempt in range(cfg.retries + 1):
@@ -83,7 +84,7 @@ def run_code(code: str, stdin: str, cfg: ToolConfig) -> ExecResult:
     request = urllib.request.Request(cfg.sandbox_fusion_url, data=payload, method="POST",
                                      headers={"Content-Type": "application/json", "Accept": "application/json"})
     try:
-      with urllib.request.urlopen(request, timeout=cfg.timeout_s + _SLACK_S) as response:
+      with urllib.request.urlopen(request, timeout=timeout) as response:
         body = response.read()
     except urllib.error.HTTPError as e:
       last = f"HTTP {e.code} {e.reason}"

@@ -1,0 +1,252 @@
+"""The bubblewrap sandbox: normal programs, hostile programs (contained, nothing left behind), concurrency,
+the refusal to run without bubblewrap, and the executor pool contract."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import socket
+import time
+import uuid
+
+import pytest
+
+from agentrl_jax.tools import base, sandbox
+from agentrl_jax.tools.base import ExecResult, ToolConfig
+from tests.tools.sandbox_testing import needs_bwrap, processes_in_pid_namespace
+
+TIMEOUT = 2.0
+MEMORY = 256
+
+
+def run(code: str, stdin: str = "", **cfg) -> tuple[ExecResult, dict, float]:
+  """Runs code; returns the result, bubblewrap's start record and the caller-side wall time."""
+  record: dict = {}
+  start = time.monotonic()
+  result = sandbox.run_python(code, timeout_s=TIMEOUT, memory_mb=MEMORY, stdin=stdin, cfg=ToolConfig(**cfg),
+                              on_start=record.update)
+  return result, record, time.monotonic() - start
+
+
+def assert_nothing_left(record: dict) -> None:
+  assert "pid-namespace" in record, record
+  assert processes_in_pid_namespace(record["pid-namespace"]) == []
+
+
+# ------------------------------------------------------------------------------------------ normal programs
+
+
+@needs_bwrap
+def test_ok_error_stdin_and_traceback():
+  r, rec, _ = run("import sys\nname = sys.stdin.read().strip()\nprint(f'hello {name}')", stdin="world\n")
+  assert (r.status, r.stdout, r.exit_code) == ("ok", "hello world\n", 0)
+  r, rec, _ = run("x = 1\ny = 0\nprint(x / y)")
+  assert r.status == "error" and r.exit_code == 1
+  # The model sees where it failed: file, line number and the source line.
+  assert 'File "/tmp/main.py", line 3' in r.stderr and "print(x / y)" in r.stderr
+  assert r.stderr.rstrip().endswith("ZeroDivisionError: division by zero")
+  r, _, _ = run("import sys; sys.exit(3)")
+  assert (r.status, r.exit_code) == ("error", 3)
+  assert_nothing_left(rec)
+
+
+@needs_bwrap
+def test_scientific_stack_and_isolated_view():
+  code = ("import numpy, sympy, os\n"
+          "print(numpy.arange(4).sum(), sympy.factorint(360))\n"
+          "print(os.getcwd(), sorted(os.listdir('/')))\n"
+          "print(os.path.exists('/work/main/agentrl_jax'), os.path.exists('/root/.ssh'), os.getuid() == 0)")
+  r, _, _ = run(code)
+  assert r.status == "ok", r.stderr
+  lines = r.stdout.splitlines()
+  assert lines[0] == "6 {2: 3, 3: 2, 5: 1}"
+  assert lines[1].startswith("/tmp ")
+  assert lines[2] == "False False False"  # no repository, no home, not root
+
+
+# ------------------------------------------------------------------------------------------ hostile programs
+
+HOSTILE = {
+    "infinite_loop": ("while True:\n  pass", {"timeout"}),
+    "sigterm_ignored": ("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n  pass",
+                        {"timeout"}),
+    "fork_bomb": ("import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n    pass", {"timeout"}),
+    "memory_bomb": ("x = bytearray(8 * 1024 ** 3)", {"memory"}),
+    "memory_creep": ("import time\nx = []\nwhile True:\n  x.append(bytearray(2 * 1024 ** 2))\n  time.sleep(0.001)",
+                     {"memory"}),
+    "output_100mb": ("import sys\nfor _ in range(100):\n  sys.stdout.write('x' * 1024 ** 2)", {"killed"}),
+    "output_endless": ("while True:\n  print('spam' * 64)", {"killed"}),
+    "daemon_child": ("import subprocess, sys\n"
+                     "subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.1)'],\n"
+                     "                 start_new_session=True)\nprint('spawned')", {"ok"}),
+    "daemon_outlives_parent_wait": ("import os, time\nif os.fork() == 0:\n  os.setsid()\n  time.sleep(60)\n"
+                                    "else:\n  time.sleep(0.2)\n  print('parent done')", {"ok"}),
+    "kill_parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+                    "try:\n  os.kill(-1, signal.SIGKILL)\nexcept OSError as e:\n  print('kill -1:', e)\n"
+                    "print('still here')", {"ok"}),
+    "segfault": ("import ctypes\nctypes.string_at(0)", {"killed"}),
+    "stdin_read": ("import sys\nprint(repr(sys.stdin.read()))\ninput()", {"error"}),
+    "non_utf8": ("import sys\nsys.stdout.buffer.write(b'ok \\xff\\xfe\\x80 end\\n')", {"ok"}),
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_program_is_contained(name):
+  code, statuses = HOSTILE[name]
+  r, rec, wall = run(code)
+  assert r.status in statuses, (r.status, r.stdout[-300:], r.stderr[-500:])
+  assert wall <= TIMEOUT + 3.0
+  assert_nothing_left(rec)
+  if name.startswith("output"):
+    assert len(r.stdout) <= ToolConfig().max_output_bytes + 100
+    assert "output limit" in r.stderr and "bytes omitted" in r.stdout
+  if name == "segfault":
+    assert r.exit_code == -11 and "SIGSEGV" in r.stderr
+  if name == "stdin_read":
+    assert r.stdout == "''\n" and "EOFError" in r.stderr
+  if name == "non_utf8":
+    assert r.stdout == "ok \ufffd\ufffd\ufffd end\n"
+  if name == "memory_bomb":
+    assert "MemoryError" in r.stderr
+
+
+@needs_bwrap
+def test_no_host_files_written_and_no_leftover_files():
+  marker = f"agentrl_hostile_{uuid.uuid4().hex}"
+  code = (f"import os\nopen('/tmp/{marker}', 'w').write('x')\nopen('{marker}', 'w').write('y')\n"
+          f"print(sorted(os.listdir('/tmp')))\n"
+          f"for path in ('/etc/{marker}', '/usr/{marker}', '/{marker}'):\n"
+          f"  try:\n    open(path, 'w')\n    print('WROTE', path)\n  except OSError:\n    pass")
+  r, rec, _ = run(code)
+  assert r.status == "ok", r.stderr
+  assert marker in r.stdout and "WROTE" not in r.stdout  # its own private /tmp only
+  assert not os.path.exists(f"/tmp/{marker}")
+  assert not any(marker in name for name in os.listdir("/tmp"))
+  # A second call gets a fresh /tmp: nothing of the first remains.
+  r2, _, _ = run(f"import os\nprint(os.path.exists('/tmp/{marker}'))")
+  assert r2.stdout == "False\n"
+  assert_nothing_left(rec)
+
+
+@needs_bwrap
+def test_no_connection_to_host_loopback():
+  server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  server.bind(("127.0.0.1", 0))
+  server.listen(1)
+  server.setblocking(False)
+  port = server.getsockname()[1]
+  try:
+    code = (f"import socket\ns = socket.socket()\ns.settimeout(1)\n"
+            f"try:\n  s.connect(('127.0.0.1', {port}))\n  print('CONNECTED')\n"
+            f"except OSError as e:\n  print('refused', type(e).__name__)")
+    r, rec, _ = run(code)
+    assert r.status == "ok" and "refused" in r.stdout, (r.stdout, r.stderr)
+    with pytest.raises(BlockingIOError):
+      server.accept()
+  finally:
+    server.close()
+  assert_nothing_left(rec)
+
+
+@needs_bwrap
+def test_caller_environment_is_not_readable(monkeypatch):
+  secret = f"agentrl-secret-{uuid.uuid4().hex}"
+  monkeypatch.setenv("AGENTRL_TEST_SECRET", secret)
+  code = (f"import os, glob\nhits = [k for k, v in os.environ.items() if {secret!r} in v]\n"
+          f"for path in glob.glob('/proc/*/environ') + glob.glob('/proc/*/cmdline'):\n"
+          f"  try:\n    if {secret!r}.encode() in open(path, 'rb').read():\n      hits.append(path)\n"
+          f"  except OSError:\n    pass\n"
+          f"print('CLEAN' if not hits else hits)\nprint(sorted(os.environ))")
+  r, _, _ = run(code)
+  assert r.status == "ok" and r.stdout.startswith("CLEAN\n"), r.stdout
+  seen = eval(r.stdout.splitlines()[1])  # pylint: disable=eval-used
+  assert "AGENTRL_TEST_SECRET" not in seen and set(seen) <= set(sandbox.CHILD_ENV) | {"PWD", "LC_CTYPE"}
+
+
+# ------------------------------------------------------------------------------------------ concurrency and pool
+
+
+@needs_bwrap
+def test_32_concurrent_calls_have_correct_outputs():
+  codes = [f"import time\ntime.sleep(0.05)\nprint({i} * {i}, 'x' * {i % 7})" for i in range(32)]
+  with sandbox.LocalExecutor(ToolConfig(timeout_s=20.0, memory_mb=MEMORY, max_concurrency=32)) as executor:
+    results = executor.run_batch(codes)
+  assert [r.status for r in results] == ["ok"] * 32
+  assert [r.stdout for r in results] == [f"{i * i} {'x' * (i % 7)}\n" for i in range(32)]
+
+
+@needs_bwrap
+def test_pool_submit_returns_futures(pool):
+  futures = [pool.submit("import sys; print(sys.stdin.read()[::-1])", stdin=f"abc{i}") for i in range(4)]
+  assert all(isinstance(f, concurrent.futures.Future) for f in futures)
+  assert [f.result().stdout for f in futures] == [f"{i}cba\n" for i in range(4)]
+  assert pool.submit(b"print(1)").result().status == "error"  # bad input is a result, not an exception
+
+
+def test_pool_turns_backend_crash_into_sandbox_error():
+  def broken(code, stdin):
+    raise RuntimeError("backend exploded")
+
+  with base.PoolExecutor(broken, 2, "test") as executor:
+    result = executor.submit("print(1)").result()
+  assert result.status == "sandbox_error" and "backend exploded" in result.stderr
+  with pytest.raises(RuntimeError, match="closed"):
+    executor.submit("print(1)")
+  with pytest.raises(ValueError, match="stdins"):
+    base.PoolExecutor(broken, 1, "t").run_batch(["a"], ["x", "y"])
+
+
+# ------------------------------------------------------------------------------------------ no bubblewrap
+
+
+def test_refuses_without_bubblewrap_unless_allowed(monkeypatch):
+  monkeypatch.setattr(sandbox, "bwrap_path", lambda: None)
+  r = sandbox.run_python("print(1)", timeout_s=5, memory_mb=MEMORY)
+  assert r.status == "sandbox_error" and "bubblewrap" in r.stderr and "apt-get install bubblewrap" in r.stderr
+  with pytest.raises(RuntimeError, match="bubblewrap"):
+    base.make_executor(ToolConfig())
+  monkeypatch.setattr(sandbox, "_warned", False)
+  cfg = ToolConfig(allow_unsandboxed=True)
+  with pytest.warns(RuntimeWarning, match="WITHOUT isolation"):
+    r = sandbox.run_python("import os\nprint(6 * 7)\nprint(sorted(os.environ) == sorted(set(os.environ)))",
+                           timeout_s=5, memory_mb=MEMORY, cfg=cfg)
+  assert r.status == "ok" and r.stdout.startswith("42\n")
+  r = sandbox.run_python("while True:\n  pass", timeout_s=1, memory_mb=MEMORY, cfg=cfg)
+  assert r.status == "timeout"
+
+
+# ------------------------------------------------------------------------------------------ pieces
+
+
+def test_capture_keeps_head_and_tail_within_cap():
+  cap = sandbox._Capture(10)
+  for chunk in (b"0123", b"4567", b"89ab", b"cdef"):
+    cap.add(chunk)
+  assert cap.total == 16
+  assert cap.text() == "01234\n[... 6 bytes omitted ...]\nbcdef"
+  small = sandbox._Capture(10)
+  small.add(b"abc")
+  assert small.text() == "abc"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("backend", "docker"), ("timeout_s", 0), ("memory_mb", 8), ("max_concurrency", 0), ("max_output_bytes", 10),
+    ("output_limit_bytes", 300), ("max_processes", 0), ("max_open_files", 3), ("retries", -1),
+    ("request_timeout_s", 0.0),
+])
+def test_tool_config_rejects_bad_values_naming_the_field(field, value):
+  with pytest.raises(ValueError, match=field):
+    ToolConfig(**{field: value})
+  with pytest.raises(ValueError, match="sandbox_fusion_url"):
+    ToolConfig(backend="sandbox_fusion")
+
+
+def test_exec_result_and_exit_classification():
+  with pytest.raises(ValueError, match="status"):
+    ExecResult("weird")
+  assert base.classify_exit(0, "")[:2] == ("ok", 0)
+  assert base.classify_exit(1, "Traceback...\nMemoryError\n")[:2] == ("memory", 1)
+  assert base.classify_exit(139, "")[:2] == ("killed", -11)
+  assert base.classify_exit(-24, "")[:2] == ("timeout", -24)
+  assert base.classify_exit(None, "")[0] == "sandbox_error"
