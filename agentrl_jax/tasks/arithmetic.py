@@ -1,0 +1,97 @@
+"""The embedded procedural task family: arithmetic problems a tiny model can learn on a CPU.
+
+Problems come in difficulty levels, so a model-aware filter and a curriculum have something to choose from:
+
+* level 0, `copy`:   "Write 7."                      -> 7     (format only; no tool needed)
+* level 1, `add`:    "Compute 3+5."                  -> 8     (one-digit sums: answerable without the tool)
+* level 2, `mul`:    "Compute 37*41."                -> 1517  (the tool makes it exact)
+* level 3, `expr`:   "Compute (12+7)*(30-4)."        -> 494   (several operations)
+
+Rows are written in the recipe's RL parquet schema (`prompt`, `data_source`, `reward_model.ground_truth`,
+`extra_info`), so the embedded default runs through the same data, reward and rollout code as real data.
+The `data_source` is `toy_arith` (the math reward, in its strict or equiv mode).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+DATA_SOURCE = "toy_arith"
+LEVELS = (0, 1, 2, 3)
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """One arithmetic problem.
+
+  Attributes:
+    question: the user message.
+    expression: a Python expression whose value is the answer (what a tool call would evaluate).
+    answer: the exact answer as text.
+    level: difficulty level (see module docstring).
+  """
+
+  question: str
+  expression: str
+  answer: str
+  level: int
+
+
+def make_problem(rng: random.Random, level: int) -> Problem:
+  """Draws one problem of the given level from `rng`."""
+  if level == 0:
+    n = rng.randint(0, 99)
+    return Problem(f"Write {n}.", str(n), str(n), 0)
+  if level == 1:
+    a, b = rng.randint(0, 9), rng.randint(0, 9)
+    expr = f"{a}+{b}"
+  elif level == 2:
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    expr = f"{a}*{b}"
+  elif level == 3:
+    a, b, c, d = (rng.randint(2, 40) for _ in range(4))
+    op1, op2 = rng.choice("+-*"), rng.choice("+-")
+    expr = f"({a}{op1}{b})*({c}{op2}{d})"
+  else:
+    raise ValueError(f"make_problem: level must be one of {LEVELS}, got {level}")
+  return Problem(f"Compute {expr}.", expr, str(eval(expr, {"__builtins__": {}})), level)  # noqa: S307 (own text)
+
+
+def make_problems(n: int, *, levels: tuple[int, ...] = LEVELS, seed: int = 0) -> list[Problem]:
+  """`n` problems with levels drawn uniformly from `levels`; deterministic in `seed`."""
+  for level in levels:
+    if level not in LEVELS:
+      raise ValueError(f"make_problems: unknown level {level}; levels are {LEVELS}")
+  rng = random.Random(seed)
+  return [make_problem(rng, rng.choice(levels)) for _ in range(n)]
+
+
+def rl_rows(problems: list[Problem], *, start_index: int = 0) -> list[dict]:
+  """Rows in the recipe's RL parquet schema."""
+  return [{
+      "prompt": [{"role": "user", "content": p.question}],
+      "data_source": DATA_SOURCE,
+      "reward_model": {"style": "rule", "ground_truth": p.answer},
+      "extra_info": {"index": start_index + i, "level": p.level, "expression": p.expression},
+  } for i, p in enumerate(problems)]
+
+
+def write_rl_parquet(path: str, problems: list[Problem]) -> str:
+  """Writes `rl_rows(problems)` to a parquet file (the format `agentrl_jax.data` builds from)."""
+  import pandas as pd
+
+  pd.DataFrame(rl_rows(problems)).to_parquet(path)
+  return path
+
+
+def tokenizer_corpus(n: int = 200, seed: int = 0) -> list[str]:
+  """Text for training a tiny tokenizer that encodes this task's problems, tool calls and answers compactly."""
+  from agentrl_jax.tasks import teacher
+
+  out = []
+  for p in make_problems(n, seed=seed):
+    out.append(p.question)
+    out.append(teacher.tool_call_text(p.expression))
+    out.append(f"{p.answer}\nThe answer is \\boxed{{{p.answer}}}.")
+  return out

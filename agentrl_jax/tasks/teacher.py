@@ -1,0 +1,80 @@
+"""Scripted teacher for the embedded arithmetic task: real end-to-end tool-use trajectories for SFT.
+
+The teacher writes the code a good agent would write, the code runs in the real sandbox (the executor), and
+the answer is read from the real output, as the recipe asks of SFT data: nothing is stitched in afterwards.
+Some trajectories contain a deliberate mistake (a syntax error or an undefined name) followed by a fix, so
+the model also sees how to recover from a failed call.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+from agentrl_jax.tasks.arithmetic import Problem
+from agentrl_jax.tools.code_interpreter import TOOL_SCHEMA, format_result
+
+TOOL_NAME = "code_interpreter"
+
+
+def tool_call_text(expression: str) -> str:
+  """The hermes tool-call text for `print(expression)`, exactly as the chat template renders it."""
+  args = json.dumps({"code": f"print({expression})"})
+  return f'<tool_call>\n{{"name": "{TOOL_NAME}", "arguments": {args}}}\n</tool_call>'
+
+
+def _call(code: str) -> dict:
+  return {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": code}}}
+
+
+def _buggy(rng: random.Random, expression: str) -> str:
+  if rng.random() < 0.5:
+    return f"print({expression}"  # SyntaxError: '(' was never closed
+  return f"print({expression} + offset)"  # NameError
+
+
+def conversation(problem: Problem, executor, rng: random.Random, *, p_direct: float = 0.5,
+                 p_mistake: float = 0.15) -> dict | None:
+  """One SFT conversation `{'messages': [...], 'tools': [TOOL_SCHEMA]}` for `problem`, or None on a tool failure.
+
+  Level 0 is answered directly; level 1 directly with probability `p_direct`; harder levels call the tool,
+  first with a deliberate mistake with probability `p_mistake`.
+  """
+  messages = [{"role": "user", "content": problem.question}]
+  direct = problem.level == 0 or (problem.level == 1 and rng.random() < p_direct)
+  if direct:
+    messages.append({"role": "assistant", "content": f"The answer is \\boxed{{{problem.answer}}}."})
+    return {"messages": messages, "tools": [TOOL_SCHEMA]}
+  codes = []
+  if problem.level >= 2 and rng.random() < p_mistake:
+    codes.append(_buggy(rng, problem.expression))
+  codes.append(f"print({problem.expression})")
+  results = executor.run_batch(codes)
+  for i, (code, result) in enumerate(zip(codes, results)):
+    last = i == len(codes) - 1
+    if last and (result.status != "ok" or not result.stdout.strip()):
+      return None  # the sandbox failed on correct code: do not teach from a broken trajectory
+    if not last and result.status == "ok":
+      return None  # the deliberate mistake did not fail; skip rather than teach a confusing transcript
+    messages.append({"role": "assistant", "content": "" if i == 0 else "Let me fix the code.",
+                     "tool_calls": [_call(code)]})
+    messages.append({"role": "tool", "content": format_result(result, 2048)})
+  answer = results[-1].stdout.strip().splitlines()[-1]
+  messages.append({"role": "assistant", "content": f"The answer is \\boxed{{{answer}}}."})
+  return {"messages": messages, "tools": [TOOL_SCHEMA]}
+
+
+def conversations(problems: list[Problem], executor, *, seed: int = 0, **kwargs) -> list[dict]:
+  """Teacher conversations for `problems` (those whose tool call failed in the sandbox are dropped)."""
+  rng = random.Random(seed)
+  out = [conversation(p, executor, rng, **kwargs) for p in problems]
+  return [c for c in out if c is not None]
+
+
+def write_sft_parquet(path: str, convs: list[dict]) -> str:
+  """Writes conversations in the recipe's SFT parquet schema (`messages`, `tools` as JSON text)."""
+  import pandas as pd
+
+  rows = [{"messages": c["messages"], "tools": json.dumps(c["tools"])} for c in convs]
+  pd.DataFrame(rows).to_parquet(path)
+  return path
