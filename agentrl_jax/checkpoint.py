@@ -1,0 +1,245 @@
+"""Orbax checkpoints shared by the SFT and RL trainers: save, exact resume, keep the last N, export to HF.
+
+One checkpoint per step holds three items:
+
+* `state`: any pytree of arrays (params, optimizer state, step, PRNG keys), restored straight into the target
+  shardings you pass (an abstract pytree of `jax.ShapeDtypeStruct`s with `.sharding`, or live arrays);
+* `data`: the grain iterator's position (`grain.checkpoint.CheckpointSave`; one file per JAX process);
+* `meta`: small JSON metadata (counters, the model config for export, ...).
+
+    ckpt = Checkpointer(workdir + "/checkpoints", CheckpointConfig(every_steps=100, max_to_keep=3))
+    if (step := ckpt.latest_step()) is not None:
+      state, meta = ckpt.restore(abstract_state(state), data_iterator=it)  # `it` continues where it stopped
+    ...
+    ckpt.maybe_save(step, state, data_iterator=it, metadata={"model_config": ...})
+    ckpt.close()
+
+Typed PRNG keys (`jax.random.key`) are stored as their raw key data and re-wrapped on restore.
+A checkpoint becomes visible to `latest_step()` only once Orbax has committed it (atomic rename), so a process
+killed mid-save leaves the previous checkpoint as the latest one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+import grain
+import jax
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """When and how checkpoints are written.
+
+  Attributes:
+    every_steps: save when `step % every_steps == 0` (and whenever `force=True`, e.g. the final step).
+    max_to_keep: keep the newest N checkpoints; older ones are deleted.
+    async_save: write in a background thread (device->host copies still happen before `save` returns, so
+      donating the saved buffers afterwards is safe). Off by default: on CPU it buys little.
+  """
+
+  every_steps: int = 1000
+  max_to_keep: int = 3
+  async_save: bool = False
+
+  def __post_init__(self):
+    if self.every_steps < 1:
+      raise ValueError(f"CheckpointConfig.every_steps must be >= 1, got {self.every_steps}")
+    if self.max_to_keep < 1:
+      raise ValueError(f"CheckpointConfig.max_to_keep must be >= 1, got {self.max_to_keep}")
+
+
+def _is_key(x: Any) -> bool:
+  return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _key_data_sharding(sharding):
+  # Key data has one trailing dimension more than the key array.
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*sharding.spec, None))
+  return sharding
+
+
+def abstract_state(tree: Any, shardings: Any = None) -> Any:
+  """The restore target for `tree`: `ShapeDtypeStruct`s carrying the target shardings.
+
+  Args:
+    tree: live arrays or `ShapeDtypeStruct`s (e.g. from `jax.eval_shape`).
+    shardings: a matching pytree of shardings; default each leaf's own `.sharding`.
+  """
+  if shardings is None:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+                        tree)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def _to_storable(state: Any) -> Any:
+  return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, state)
+
+
+def _storable_target(target: Any) -> Any:
+  def one(x):
+    sharding = getattr(x, "sharding", None)
+    if _is_key(x):
+      data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(x.shape, x.dtype))
+      return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=_key_data_sharding(sharding))
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+  return jax.tree.map(one, target)
+
+
+def _from_storable(restored: Any, target: Any) -> Any:
+  def one(x, t):
+    if not _is_key(t):
+      return x
+    # key_impl wants a concrete key; an abstract target only carries the impl in its dtype.
+    impl = jax.random.key_impl(t) if isinstance(t, jax.Array) else t.dtype._impl  # pylint: disable=protected-access
+    return jax.random.wrap_key_data(x, impl=impl)
+
+  return jax.tree.map(one, restored, target)
+
+
+class Checkpointer:
+  """An Orbax `CheckpointManager` for one train-state pytree, a grain iterator and JSON metadata."""
+
+  def __init__(self, directory: str | os.PathLike, config: CheckpointConfig = CheckpointConfig()):
+    self.directory = os.path.abspath(os.fspath(directory))
+    self.config = config
+    options = ocp.CheckpointManagerOptions(max_to_keep=config.max_to_keep, create=True,
+                                           enable_async_checkpointing=config.async_save)
+    # Handlers named up front, so a fresh process can read metadata before it has restored anything.
+    handlers = {"state": ocp.PyTreeCheckpointHandler(), "meta": ocp.JsonCheckpointHandler(),
+                "data": grain.checkpoint.CheckpointHandler()}
+    self._mngr = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+
+  # ---------------------------------------------------------------- queries
+  def latest_step(self) -> int | None:
+    """The newest committed checkpoint's step, or None when there is none."""
+    return self._mngr.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._mngr.all_steps())
+
+  def should_save(self, step: int) -> bool:
+    return step % self.config.every_steps == 0
+
+  # ---------------------------------------------------------------- save
+  def save(self, step: int, state: Any, *, data_iterator: grain.DatasetIterator | None = None,
+           metadata: dict[str, Any] | None = None) -> None:
+    """Writes checkpoint `step` (blocks until written unless `async_save`).
+
+    Args:
+      step: the number of completed training steps the state reflects.
+      state: pytree of arrays (any shardings; typed PRNG keys allowed).
+      data_iterator: a grain iterator, saved at its current position.
+      metadata: JSON-able dict stored next to the arrays (`step` is added).
+    """
+    items = {"state": ocp.args.PyTreeSave(_to_storable(state)),
+             "meta": ocp.args.JsonSave({**(metadata or {}), "step": int(step)})}
+    if data_iterator is not None:
+      items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+    self._mngr.save(step, args=ocp.args.Composite(**items), force=True)
+    if not self.config.async_save:
+      self._mngr.wait_until_finished()
+    log.info("saved checkpoint at step %d in %s", step, self.directory)
+
+  def maybe_save(self, step: int, state: Any, *, force: bool = False, **kwargs) -> bool:
+    """`save` if `step` is due (every `every_steps`) or `force`; returns whether it saved."""
+    if not (force or self.should_save(step)) or step in self._mngr.all_steps():
+      return False
+    self.save(step, state, **kwargs)
+    return True
+
+  # ---------------------------------------------------------------- restore
+  def restore(self, target: Any, *, step: int | None = None,
+              data_iterator: grain.DatasetIterator | None = None) -> tuple[Any, dict[str, Any]]:
+    """Restores checkpoint `step` (default the latest) into `target`'s structure, dtypes and shardings.
+
+    Args:
+      target: pytree like the saved state: `ShapeDtypeStruct`s with `.sharding` (see `abstract_state`) or
+        live arrays (their shardings are used). A subtree of dicts restores only that part (e.g.
+        `{"params": ...}`), reading nothing else from disk.
+      step: which checkpoint; default `latest_step()`.
+      data_iterator: a fresh grain iterator of the same pipeline; set to the saved position in place.
+
+    Returns:
+      `(state, metadata)`.
+
+    Raises:
+      ValueError: no checkpoint (at `step`), or the checkpoint has no iterator state but one was asked for.
+    """
+    step = self.latest_step() if step is None else step
+    if step is None or step not in self._mngr.all_steps():
+      raise ValueError(f"{self.directory}: no checkpoint at step {step} (have {self.all_steps()})")
+    storable = _storable_target(target)
+    items = {"state": ocp.args.PyTreeRestore(storable, restore_args=ocp.checkpoint_utils.construct_restore_args(
+                 storable), partial_restore=True),
+             "meta": ocp.args.JsonRestore()}
+    if data_iterator is not None:
+      if not os.path.isdir(os.path.join(self.directory, str(step), "data")):
+        raise ValueError(f"{self.directory}: checkpoint {step} holds no data-iterator state")
+      items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+    restored = self._mngr.restore(step, args=ocp.args.Composite(**items))
+    log.info("restored checkpoint at step %d from %s", step, self.directory)
+    return _from_storable(restored.state, target), dict(restored.meta)
+
+  def wait_until_finished(self) -> None:
+    self._mngr.wait_until_finished()
+
+  def close(self) -> None:
+    self._mngr.wait_until_finished()
+    self._mngr.close()
+
+  def __enter__(self) -> Checkpointer:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def export_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int | None = None,
+              model_config=None, params_path: tuple[str, ...] = ("train", "params"), tokenizer=None,
+              dtype: str | None = None) -> str:
+  """Writes the params of a checkpoint as a HF directory (`config.json` + safetensors) via `hf_io.export_hf`.
+
+  Reads only the params (not the optimizer state), onto the first local device.
+
+  Args:
+    checkpoint_dir: a `Checkpointer` directory.
+    out_dir: the HF directory to write.
+    step: default the latest.
+    model_config: the `ModelConfig`; default the `model_config` dict stored in the checkpoint's metadata.
+    params_path: keys leading to the params' `nnx.State` in the saved state (the trainers save
+      `{"train": rl.update.TrainState, ...}`).
+    tokenizer: saved alongside when given.
+    dtype: export dtype; default the model's param dtype.
+  """
+  from flax import nnx
+
+  from agentrl_jax.models import hf_io
+  from agentrl_jax.models.config import ModelConfig
+
+  with Checkpointer(checkpoint_dir) as ckpt:
+    step = ckpt.latest_step() if step is None else step
+    if step is None:
+      raise ValueError(f"{checkpoint_dir}: no checkpoint to export")
+    if model_config is None:
+      meta = ckpt._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+      if "model_config" not in meta:
+        raise ValueError(f"{checkpoint_dir}: checkpoint {step} stores no model_config; pass model_config=")
+      model_config = ModelConfig(**meta["model_config"])
+    graphdef, abs_params = nnx.split(hf_io.abstract_model(model_config))
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = abstract_state(abs_params, jax.tree.map(lambda _: device, abs_params))
+    for key in reversed(params_path):
+      target = {key: target}
+    state, _ = ckpt.restore(target, step=step)
+  for key in params_path:
+    state = state[key]
+  return hf_io.export_hf(nnx.merge(graphdef, state), out_dir, dtype=dtype, tokenizer=tokenizer)

@@ -1,0 +1,156 @@
+"""Tokens and assistant-only loss masks of multi-turn conversations, by incremental chat-template rendering.
+
+A conversation is rendered with the tokenizer's own chat template (tools included) one assistant turn at a
+time. For the assistant message at index `a`:
+
+    before  = render(messages[:a], add_generation_prompt=True)   # ... <|im_start|>assistant\n
+    after   = render(messages[:a + 1])                           # ... <|im_start|>assistant\n{turn}<|im_end|>\n
+
+`after[len(before):]` is the turn: its text up to and including the closing `<|im_end|>` is trained (mask 1);
+everything else (system, user and tool turns, the `<|im_start|>assistant\n` header, the newline after
+`<|im_end|>`) is masked. Every render must extend the previous one; a template that re-renders history
+differently is reported instead of producing a silently wrong mask.
+
+Each piece is tokenized on its own and the pieces are concatenated: the same token boundaries a rollout
+produces (prompt tokenized with the generation header, the model's own tokens, tool responses appended), so
+SFT trains on the sequences the policy later generates. No string search over the full text is involved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from agentrl_jax.models import tokenizer as tok_lib
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class MalformedConversation(ValueError):
+  """A conversation SFT cannot train on; the trainer logs the reason, skips it and counts it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedConversation:
+  """One conversation as tokens.
+
+  Attributes:
+    tokens: `[L]` int32 token ids of the rendered conversation.
+    loss_mask: `[L]` bool, True on the assistant tokens trained on (content and the closing `<|im_end|>`).
+    index: the conversation's row index in its source (for messages and samples).
+  """
+
+  tokens: np.ndarray
+  loss_mask: np.ndarray
+  index: int = -1
+
+  def __post_init__(self):
+    if self.tokens.shape != self.loss_mask.shape or self.tokens.ndim != 1:
+      raise ValueError(f"EncodedConversation: tokens {self.tokens.shape} and loss_mask {self.loss_mask.shape} "
+                       "must be matching 1-D arrays")
+
+  def __len__(self) -> int:
+    return int(self.tokens.shape[0])
+
+  @property
+  def num_trained(self) -> int:
+    return int(self.loss_mask.sum())
+
+
+def _check(messages: Sequence[dict[str, Any]], special: Sequence[str]) -> None:
+  """Structural checks; raises MalformedConversation naming the message index."""
+  if not messages:
+    raise MalformedConversation("no messages")
+  if messages[0].get("role") not in ("system", "user"):
+    raise MalformedConversation(f"message 0 is {messages[0].get('role')!r}; a conversation starts with a "
+                                "system or user message")
+  seen_assistant = False
+  for i, m in enumerate(messages):
+    role = m.get("role") if isinstance(m, dict) else None
+    if role not in ROLES:
+      raise MalformedConversation(f"message {i}: role {role!r} is not one of {ROLES}")
+    content = m.get("content")
+    if content is None and role == "assistant":
+      content = ""
+    if not isinstance(content, str):
+      raise MalformedConversation(f"message {i} ({role}): content must be a string, got {type(content).__name__}")
+    if role == "tool" and not seen_assistant:
+      raise MalformedConversation(f"message {i} (tool) comes before any assistant turn")
+    if role == "user" and not content.strip():
+      raise MalformedConversation(f"message {i} (user) has empty content")
+    if role == "assistant":
+      seen_assistant = True
+      if not content.strip() and not m.get("tool_calls"):
+        raise MalformedConversation(f"message {i} (assistant) has empty content and no tool calls")
+    texts = [content] + [str((c.get("function") or c).get("arguments", "")) for c in m.get("tool_calls") or []
+                         if isinstance(c, dict)]
+    for s in special:
+      if any(s in t for t in texts):
+        raise MalformedConversation(f"message {i} ({role}) contains the control token {s!r}")
+  if not seen_assistant:
+    raise MalformedConversation("no assistant message")
+
+
+def render_pieces(tokenizer, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
+                  *, end_of_turn: str = tok_lib.IM_END) -> list[tuple[str, bool]]:
+  """The rendered conversation as `(text, trained)` pieces, alternating masked and trained.
+
+  Messages after the last assistant turn carry no loss and are dropped.
+
+  Raises:
+    MalformedConversation: bad structure (see module docstring), or a template whose renders do not extend
+      each other.
+  """
+  _check(messages, [t for t in tokenizer.all_special_tokens if t])
+  messages = [dict(m, content=m.get("content") or "") if m["role"] == "assistant" else m for m in messages]
+  tools = list(tools) if tools else None
+  render = lambda ms, gen=False: tok_lib.render_chat(tokenizer, list(ms), tools=tools,  # noqa: E731
+                                                     add_generation_prompt=gen)
+  pieces: list[tuple[str, bool]] = []
+  done = after = ""  # text rendered so far; the latest full render
+  for a, m in enumerate(messages):
+    if m["role"] != "assistant":
+      continue
+    before = render(messages[:a], gen=True)
+    after = render(messages[:a + 1])
+    if not before.startswith(done) or not after.startswith(before):
+      raise MalformedConversation(f"message {a} (assistant): the chat template does not render this conversation "
+                                  "incrementally (a later render changes earlier text), so its mask is undefined")
+    turn = after[len(before):]
+    end = turn.rfind(end_of_turn)
+    if end < 0:
+      raise MalformedConversation(f"message {a} (assistant): rendered turn has no {end_of_turn!r}")
+    end += len(end_of_turn)
+    pieces.append((before[len(done):], False))
+    pieces.append((turn[:end], True))
+    done = before + turn[:end]
+  pieces.append((after[len(done):], False))  # after the last assistant turn: its trailing newline
+  return [p for p in pieces if p[0]]
+
+
+def encode_conversation(tokenizer, messages: Sequence[dict[str, Any]],
+                        tools: Sequence[dict[str, Any]] | None = None, *, max_tokens: int | None = None,
+                        index: int = -1) -> EncodedConversation:
+  """Tokens and assistant-only loss mask of one conversation.
+
+  Args:
+    tokenizer: a HF tokenizer with a ChatML chat template (Qwen's, or `testing.tiny_tokenizer()`).
+    messages: system / user / assistant / tool messages; assistant messages may carry `tool_calls`.
+    tools: JSON tool schemas rendered into the system turn.
+    max_tokens: reject longer conversations (they would not fit a packed row).
+    index: carried into the result.
+
+  Raises:
+    MalformedConversation: see `render_pieces`; also over-long conversations.
+  """
+  ids, mask = [], []
+  for text, trained in render_pieces(tokenizer, messages, tools):
+    piece = tokenizer.encode(text, add_special_tokens=False)
+    ids.extend(piece)
+    mask.extend([trained] * len(piece))
+  if max_tokens is not None and len(ids) > max_tokens:
+    raise MalformedConversation(f"{len(ids)} tokens, more than max_seq_len={max_tokens}")
+  return EncodedConversation(np.asarray(ids, np.int32), np.asarray(mask, bool), index)
