@@ -6,7 +6,8 @@
 
 Modules: `math` (last boxed answer; strict or LaTeX-equivalent), `multiple_choice` (GPQA option letter), `code`
 (test cases in the sandbox), `shaping` (overlong penalty, tool-call shaping), `latex` (bounded normalisation),
-`registry` (data_source -> kind).
+`registry` (data_source -> kind); `latex` / `latex_expr` hold the bounded answer normalisation, parser and
+evaluator behind math equivalence.
 """
 
 from agentrl_jax.rewards import code, latex, math, multiple_choice, shaping

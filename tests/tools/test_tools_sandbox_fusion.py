@@ -109,7 +109,7 @@ def test_same_results_as_the_local_backend(server):
   assert [r.status for r in results] == ["ok", "error", "timeout", "memory", "killed"]
   assert results[0].stdout == "cba\n" and "ValueError: bad" in results[1].stderr
   assert results[4].exit_code == -11
-  sent = server.requests[0]
+  sent = next(r for r in server.requests if r["code"] == programs[0][0])
   assert sent["language"] == "python" and sent["run_timeout"] == 2.0 and sent["memory_limit_MB"] == 256
   assert sent["stdin"] == "abc" and sent["files"] == {} and sent["fetch_files"] == []
 
