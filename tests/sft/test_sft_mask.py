@@ -78,7 +78,7 @@ def test_mask_tokens_match_token_level_expectation(tok):
   starts = np.flatnonzero(np.diff(enc.loss_mask.astype(int)) == 1) + 1
   assert len(starts) == 3
   for s in starts:
-    assert tok.decode(enc.tokens[s - 5:s]) == "<|im_start|>assistant\n"  # <|im_start|> as sist ant \\n
+    assert tok.decode(enc.tokens[s - 5:s]) == "<|im_start|>assistant\n"  # 5 tiny-BPE tokens
   assert tok.decode(enc.tokens[enc.loss_mask]) == ("Let me compute.\n<tool_call>\n{\"name\": \"code_interpreter\", "
                                                    "\"arguments\": {\"code\": \"print(6*7)\"}}\n</tool_call><|im_end|>"
                                                    "The answer is 42.<|im_end|>You are welcome.<|im_end|>")

@@ -1,0 +1,160 @@
+"""Multi-turn SFT trainer: `python -m agentrl_jax.main --config=configs/sft_qwen3_4b.py --workdir=DIR`.
+
+One function, `run(config, workdir)`, in the sections of big_vision's train.py: config -> mesh, tokenizer and
+data -> model and optimizer state (fresh, or restored from the latest checkpoint) -> the loop (encode + pack,
+one jitted step, metrics, checkpoints) -> final checkpoint and HF export.
+
+A run killed at any point resumes from its latest checkpoint with the same config and workdir and reaches the
+same params bit for bit: the checkpoint holds the train state, the grain iterator position, the PRNG key and
+the host-side counters, and every step is a deterministic function of those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+
+from flax import nnx
+import jax
+import ml_collections
+import numpy as np
+
+from agentrl_jax import checkpoint as ckpt_lib
+from agentrl_jax import data
+from agentrl_jax import metrics_writer
+from agentrl_jax.models import hf_io
+from agentrl_jax.models import sharding as sharding_lib
+from agentrl_jax.models import tokenizer as tok_lib
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.qwen import Qwen
+from agentrl_jax.rl import update as rl_update
+from agentrl_jax.sft import step as step_lib
+from agentrl_jax.sft import toy_data
+
+log = logging.getLogger(__name__)
+
+
+def _tokenizer_and_model_config(m: ml_collections.ConfigDict):
+  """The tokenizer and the ModelConfig (from the HF dir's config.json, or a named size sized to the vocab)."""
+  overrides = {k: m[k] for k in ("param_dtype", "dtype", "remat") if m.get(k) not in (None, "")}
+  if m.hf_path:
+    tokenizer = tok_lib.load_tokenizer(m.tokenizer_path or m.hf_path)
+    return tokenizer, ModelConfig.from_hf_config(m.hf_path, **overrides)
+  if m.tokenizer_path:
+    tokenizer = tok_lib.load_tokenizer(m.tokenizer_path)
+  else:
+    from agentrl_jax import testing  # the tiny BPE tokenizer, trained locally
+
+    tokenizer = testing.tiny_tokenizer()
+  return tokenizer, ModelConfig.by_name(m.size, vocab_size=len(tokenizer), **overrides)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains; returns the metrics of the last logged step."""
+  # ---------------------------------------------------------------------------------------------- config
+  sft_cfg = step_lib.SFTConfig(**config.sft)
+  ckpt_cfg = ckpt_lib.CheckpointConfig(**config.checkpoint)
+  root = jax.random.key(config.seed)
+  init_key, _ = jax.random.split(root)  # named keys: init; SFT has nothing stochastic beyond the data order
+  mesh_cfg = dict(config.mesh)
+  num_devices = mesh_cfg.pop("num_devices", 0)  # 0: all devices
+  mesh = sharding_lib.make_mesh(**mesh_cfg, devices=jax.devices()[:num_devices or None])
+  tokenizer, model_cfg = _tokenizer_and_model_config(config.model)
+  log.info("sft: %s (%s params) on mesh %s", model_cfg.family, f"{model_cfg.param_count():,}", dict(mesh.shape))
+
+  # ---------------------------------------------------------------------------------------------- data
+  path = config.data.path
+  if not path:  # the smoke / test setting: tiny conversations generated locally
+    if not config.data.toy_conversations:
+      raise ValueError("config.data.path is empty and config.data.toy_conversations is 0: no data to train on")
+    path = toy_data.write_jsonl(os.path.join(workdir, "toy_sft.jsonl"), config.data.toy_conversations,
+                                seed=config.seed, malformed=config.data.toy_malformed, tools=config.data.toy_tools)
+  prepared = data.prepare(data.SourceConfig(path=path, schema="sft", skip_malformed=config.data.skip_malformed_rows,
+                                            data_dir=config.data.data_dir or os.path.join(workdir, "tfds")))
+  pipe_cfg = data.PipelineConfig(batch_size=sft_cfg.batch_size, seed=config.seed, num_epochs=sft_cfg.num_epochs,
+                                 shuffle=config.data.shuffle)
+  total_steps = data.num_batches(prepared.num_examples, pipe_cfg)
+  # Encoding and packing are part of the grain pipeline, so the iterator state stays the one position.
+  dataset = data.conversation_batches(prepared.data_source, pipe_cfg).map(
+      lambda convs: step_lib.encode_batch(tokenizer, convs, sft_cfg))
+  data_iter = iter(dataset)
+  log.info("sft: %d conversations (%d malformed rows skipped at build), %d epochs of batch %d = %d steps",
+           prepared.num_examples, prepared.num_skipped, sft_cfg.num_epochs, sft_cfg.batch_size, total_steps)
+
+  # ---------------------------------------------------------------------------------------------- state
+  opt_cfg = rl_update.OptimizerConfig(**config.optimizer, schedule="cosine", total_steps=max(total_steps, 1),
+                                      warmup_steps=sft_cfg.warmup_steps(total_steps))
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), ckpt_cfg)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  counters = {"skipped_conversations": 0, "trained_tokens": 0}
+  if ckpt.latest_step() is None:
+    if config.model.hf_path:
+      model = hf_io.load_hf_checkpoint(config.model.hf_path, model_cfg, mesh=mesh)
+    else:
+      model = Qwen(model_cfg, rngs=nnx.Rngs(params=init_key))
+    graphdef, state = rl_update.init_train_state(model, opt_cfg, mesh)
+    del model
+    rng, step = jax.device_put(root, replicated), 0
+  else:
+    graphdef, abstract = rl_update.abstract_train_state(model_cfg, opt_cfg, mesh)
+    target = {"train": abstract, "rng": jax.ShapeDtypeStruct(root.shape, root.dtype, sharding=replicated)}
+    restored, meta = ckpt.restore(target, data_iterator=data_iter)
+    state, rng, step = restored["train"], restored["rng"], meta["step"]
+    counters.update(meta.get("counters", {}))
+    log.info("sft: resumed at step %d of %d", step, total_steps)
+  shardings = rl_update.train_state_shardings(state, mesh)
+  train_step = step_lib.make_train_step(graphdef, shardings, opt_cfg, mesh, micro_rows=sft_cfg.micro_batch_rows,
+                                        seq_len=sft_cfg.max_seq_len, logits_chunk_size=sft_cfg.logits_chunk_size)
+  meta = {"model_config": dataclasses.asdict(model_cfg), "total_steps": total_steps}
+
+  def save(step, force=False):
+    return ckpt.maybe_save(step, {"train": state, "rng": rng}, data_iterator=data_iter, force=force,
+                           metadata={**meta, "counters": counters})
+
+  # ---------------------------------------------------------------------------------------------- loop
+  writer = metrics_writer.MetricsWriter(workdir, start_step=step, config=config.to_dict(),
+                                        wandb_project=config.get("wandb_project") or None)
+  bar = metrics_writer.progress_bar(total_steps, initial=step, desc="sft")
+  pending, last, t0 = [], {}, time.perf_counter()
+  with jax.set_mesh(mesh):
+    while step < total_steps:
+      batch = next(data_iter)
+      for index, reason in batch.skipped:
+        log.warning("sft: skipping conversation at row %d: %s", index, reason)
+      counters["skipped_conversations"] += len(batch.skipped)
+      if batch.packed is None:
+        log.warning("sft: step %d: every conversation of the batch was skipped; no update", step + 1)
+      else:
+        state, metrics = train_step(state, step_lib.batch_arrays(batch.packed, mesh))
+        pending.append(metrics)
+        counters["trained_tokens"] += batch.packed.num_tokens
+        if step == 0 or (step + 1) % config.log_every_steps == 0:  # one decoded example with its trained text
+          c = batch.encoded[0]
+          writer.write_samples(step + 1, [{"row": c.index, "text": tokenizer.decode(c.tokens),
+                                           "trained": tokenizer.decode(c.tokens[c.loss_mask])}])
+      step += 1
+      bar.update(1)
+
+      if (step % config.log_every_steps == 0 or step == total_steps) and pending:
+        host = jax.device_get(pending)
+        last = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+        last["tokens"] = float(sum(m["tokens"] for m in host))
+        last["steps_per_sec"] = len(host) / (time.perf_counter() - t0)
+        last.update({k: float(v) for k, v in counters.items()}, epoch=step / total_steps * sft_cfg.num_epochs)
+        writer.write(step, last)
+        bar.set_postfix(loss=f"{last['loss']:.4f}", lr=f"{last['learning_rate']:.2e}")
+        pending, t0 = [], time.perf_counter()
+      save(step, force=step == total_steps)
+  bar.close()
+
+  # ---------------------------------------------------------------------------------------------- finish
+  save(step, force=True)  # no-op unless the loop did not run (already complete)
+  ckpt.close()
+  writer.close()
+  if config.export_hf:
+    out = hf_io.export_hf(nnx.merge(graphdef, state.params), os.path.join(workdir, "hf"), tokenizer=tokenizer)
+    log.info("sft: exported the final params to %s", out)
+  log.info("sft: done after %d steps; %d conversations skipped", step, counters["skipped_conversations"])
+  return last
