@@ -370,7 +370,10 @@ def make_update_fn(
             grads = jax.tree.map(lambda g: jnp.where(ok, g * scale, 0.0), grads)
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
-            keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)  # noqa: E731
+            # Cast back: with bf16 params optax would return f32 moments (from f32 gradients), changing the
+            # state's dtypes (a recompile each step, and no buffer donation).
+            keep = lambda new, old: jax.tree.map(  # noqa: E731
+                lambda n, o: jnp.where(ok, n, o).astype(o.dtype), new, old)
             new_state = TrainState(step=state.step + ok.astype(jnp.int32),
                                    params=keep(params, state.params),
                                    opt_state=keep(opt_state, state.opt_state))
@@ -410,11 +413,14 @@ def make_logprobs_fn(
     def logprobs(params: nnx.State, batch: Batch) -> jax.Array:
         b, _ = _check_batch(batch, LOGPROB_KEYS, ("tokens",), micro_batch_size)
         n = b // micro_batch_size
-        fwd = lambda mb: token_logprobs(graphdef, params, mb, temperature=temperature,  # noqa: E731
-                                        logits_chunk_size=logits_chunk_size)[0]
+        fwd = lambda p, mb: token_logprobs(graphdef, p, mb, temperature=temperature,  # noqa: E731
+                                           logits_chunk_size=logits_chunk_size)[0]
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
             if n == 1:
-                return fwd(batch)
-            return _from_micro(lax.map(fwd, {k: _to_micro(v, n) for k, v in batch.items()}))
+                return fwd(params, batch)
+            # Params ride in the carry rather than being closed over: nnx.remat inside the loop body must see
+            # them as values of the body's own trace.
+            micro = {k: _to_micro(v, n) for k, v in batch.items()}
+            return _from_micro(lax.scan(lambda p, mb: (p, fwd(p, mb)), params, micro)[1])
 
     return jax.jit(logprobs, in_shardings=(param_shardings, bs), out_shardings=bs)
