@@ -1,0 +1,80 @@
+"""Shared benchmark helpers: a matmul peak measured in the same run, model FLOPs, timing, the Tunix venv.
+
+Performance method (DESIGN.md): ours and the peer run side by side in one process run on the same weights and
+shapes; MFU is against a matmul peak measured in that same run; report min/median over repeats. This machine
+is noisy (shared cores), so measurements are interleaved and ratios are taken round by round.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from agentrl_jax.models.config import ModelConfig
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TUNIX_VENV = os.path.join(REPO_ROOT, ".venv-tunix")
+TUNIX_REQUIREMENTS = os.path.join(REPO_ROOT, "agentrl_jax", "bench", "requirements-tunix.txt")
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Wall seconds of `fn()`, blocking until every array it returns is ready."""
+    t = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - t
+
+
+def matmul_peak_flops(n: int = 2048, repeats: int = 5, dtype=jnp.float32) -> float:
+    """Best FLOP/s of a jitted [n, n] @ [n, n] matmul over `repeats` runs (after one compile/warm-up run).
+
+    The best (not the mean) run is the peak: on a shared machine the slow runs measure other people's work.
+    """
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    b = jax.random.normal(jax.random.key(1), (n, n), dtype)
+    f = jax.jit(jnp.matmul)
+    jax.block_until_ready(f(a, b))
+    return 2.0 * n**3 / min(timed(lambda: f(a, b)) for _ in range(repeats))
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """Parameters that take part in a matmul per token: all but norms and the (untied) input embedding table,
+    whose lookup is free; a tied table counts once, as the LM head."""
+    d, h = cfg.hidden_size, cfg.head_dim
+    norms = cfg.num_layers * (2 * d + (2 * h if cfg.qk_norm else 0)) + d
+    biases = cfg.num_layers * (cfg.num_heads + 2 * cfg.num_kv_heads) * h if cfg.qkv_bias else 0
+    table = 0 if cfg.tie_embeddings else cfg.vocab_size * d
+    return cfg.param_count() - norms - biases - table
+
+
+def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Model FLOPs of one training token (forward + backward), PaLM's MFU convention (arXiv 2204.02311, B):
+
+        6 * N + 12 * L * n_heads * head_dim * T
+
+    N = matmul_params(cfg) (the LM head included), T = sequence length. The attention term counts the full
+    T x T score and value matmuls (as our kernel computes them); rematerialisation is not counted.
+    """
+    return 6.0 * matmul_params(cfg) + 12.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len
+
+
+def summary(xs: list[float]) -> dict[str, float]:
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+
+
+def tunix_python() -> str | None:
+    """The side venv's python (Tunix pins safetensors<0.8, which our pinned transformers cannot use, so it
+    lives outside .venv: `python3.11 -m venv .venv-tunix && .venv-tunix/bin/pip install -r
+    agentrl_jax/bench/requirements-tunix.txt`); None when it is missing."""
+    exe = os.path.join(TUNIX_VENV, "bin", "python")
+    return exe if os.path.exists(exe) else None
+
+
+def log(msg: str) -> None:
+    """Progress to stderr, so stdout carries only the one JSON line."""
+    print(msg, file=sys.stderr, flush=True)
