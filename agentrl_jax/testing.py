@@ -5,9 +5,11 @@ Used by the tests, the benchmarks and the CPU demo; nothing here downloads anyth
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
+import shutil
 import tempfile
 
 from flax import nnx
@@ -23,7 +25,8 @@ from agentrl_jax.models.qwen import Qwen
 @functools.cache
 def tiny_tokenizer_dir(vocab_size: int = 512) -> str:
   """Builds (once per process) the tiny BPE tokenizer with Qwen's special tokens; returns its directory."""
-  out = os.path.join(tempfile.gettempdir(), f"agentrl_jax_tiny_tokenizer_{vocab_size}_{os.getpid()}")
+  out = tempfile.mkdtemp(prefix=f"agentrl_jax_tiny_tokenizer_{vocab_size}_")
+  atexit.register(shutil.rmtree, out, ignore_errors=True)
   tokenizer_lib.build_tiny_tokenizer(out, vocab_size=vocab_size)
   return out
 

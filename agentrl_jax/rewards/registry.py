@@ -37,6 +37,7 @@ DEFAULT_RULES: tuple[tuple[str, str], ...] = (
     ("leetcode", "code"),
     ("taco", "code"),
     ("code", "code"),
+    ("toy_arith", "math"),  # the embedded CPU task (agentrl_jax/tasks/arithmetic.py)
     ("aime", "math"),
     ("amc", "math"),
     ("hmmt", "math"),
