@@ -1,0 +1,198 @@
+"""Benchmark of the compiled GRPO update step vs Tunix's GRPO loss-and-gradient step; prints ONE JSON line.
+
+    python -m agentrl_jax.bench.update                     # bench_58m, B=4 x T=1024, fp32, CPU
+    python -m agentrl_jax.bench.update --model tiny_qwen3 --batch 2 --seq 64 --rounds 1   # smoke
+
+Same weights (a random `ModelConfig.bench_58m()` exported once with `hf_io.export_hf` and loaded by Tunix from
+that directory), same tokens, loss mask (prompt 0, a tool-output span 0, the rest 1), advantages and old
+log-probs (ours recomputed, then perturbed so every clip branch is active). Both steps: forward -> token
+log-probs and entropy -> GRPO clip-higher token-mean loss -> gradients -> global-norm clip 1.0 -> AdamW.
+Tunix runs in its own venv (.venv-tunix: it pins safetensors<0.8, which our pinned transformers cannot use)
+as a subprocess; the two are timed in alternating rounds, each round also measuring the matmul peak, so all
+three see the same machine load.
+
+Fields: mfu = model FLOPs/s of our step / matmul peak FLOP/s (median over rounds of the per-round ratio;
+model FLOPs per common.train_flops_per_token: 6 N + 12 L n_heads head_dim T per token, PaLM's convention);
+tok_s / tunix_tok_s = B*T / step seconds (median over rounds of each round's best step); speedup = median
+per-round ratio; *_min / *_max give the spread; loss_rel_diff compares the two first-step losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+from flax import nnx
+import jax
+import numpy as np
+
+from agentrl_jax.bench import common
+from agentrl_jax.models import hf_io
+from agentrl_jax.models import sharding
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.qwen import Qwen
+from agentrl_jax.rl import losses
+from agentrl_jax.rl import update as update_lib
+
+PAD_ID = 0
+
+
+def make_batch(cfg: ModelConfig, batch: int, seq: int, prompt_len: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Tokens (never the pad id: Tunix derives its attention mask from it), loss mask with a tool span,
+    per-sequence advantages."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(1, cfg.vocab_size, (batch, seq)).astype(np.int32)
+    mask = np.zeros((batch, seq), np.float32)
+    mask[:, prompt_len:] = 1
+    tool = slice(prompt_len + (seq - prompt_len) // 3, prompt_len + (seq - prompt_len) // 3 + (seq - prompt_len) // 8)
+    mask[:, tool] = 0
+    adv = rng.standard_normal(batch).astype(np.float32)
+    return {"tokens": tokens, "loss_mask": mask, "advantages": adv}
+
+
+class TunixWorker:
+    """The update_tunix.py subprocess (line protocol in its docstring)."""
+
+    def __init__(self, python: str, hf_dir: str, batch_path: str):
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "update_tunix.py")
+        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        self.proc = subprocess.Popen([python, script, "--hf-dir", hf_dir, "--batch", batch_path],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.first = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"Tunix worker exited with code {self.proc.wait()} (its stderr is above)")
+        return json.loads(line)
+
+    def run(self, n: int) -> list[float]:
+        self.proc.stdin.write(f"run {n}\n")
+        self.proc.stdin.flush()
+        return self._read()["times"]
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+def run(args) -> dict:
+    cfg = ModelConfig.by_name(args.model, param_dtype="float32", dtype="float32", remat=args.remat)
+    b, t = args.batch, args.seq
+    prompt_len = args.prompt_len if args.prompt_len is not None else t // 4
+    tokens_per_step = b * t
+    flops_per_step = common.train_flops_per_token(cfg, t) * tokens_per_step
+
+    model = Qwen(cfg, rngs=nnx.Rngs(args.seed))
+    workdir = tempfile.mkdtemp(prefix="bench_update_")
+    hf_dir = hf_io.export_hf(model, os.path.join(workdir, "hf"))
+
+    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    opt_cfg = update_lib.OptimizerConfig(learning_rate=1e-6, grad_clip=1.0)
+    loss_cfg = losses.LossConfig()  # GRPO-TCR: token-mean, clip 0.2 / 0.28, dual clip 10, no KL
+    graphdef, state = update_lib.init_train_state(model, opt_cfg, mesh)
+    del model
+    shardings = update_lib.train_state_shardings(state, mesh)
+    update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh,
+                                       micro_batch_size=args.micro_batch or b, logits_chunk_size=args.chunk)
+    logprobs = update_lib.make_logprobs_fn(graphdef, shardings.params, mesh, micro_batch_size=args.micro_batch or b,
+                                           logits_chunk_size=args.chunk)
+
+    batch = make_batch(cfg, b, t, prompt_len, args.seed)
+    logp = np.asarray(logprobs(state.params, {"tokens": batch["tokens"]}))
+    noise = np.random.default_rng(args.seed + 1).standard_normal(logp.shape).astype(np.float32)
+    batch["old_logp"] = logp + 0.3 * noise
+    batch_path = os.path.join(workdir, "batch.npz")
+    np.savez(batch_path, **batch, prompt_len=prompt_len, pad_id=PAD_ID)
+    batch = jax.device_put(batch, update_lib.batch_sharding(mesh))  # on device once, like Tunix's example
+
+    out = {"bench": "update", "model": args.model, "params": cfg.param_count(), "batch": b, "seq": t,
+           "micro_batch": args.micro_batch or b, "logits_chunk": args.chunk, "dtype": "float32",
+           "flops_per_token": common.train_flops_per_token(cfg, t),
+           "flops_formula": "6*N + 12*L*n_heads*head_dim*T per token (PaLM), N = matmul params incl. LM head"}
+
+    common.log(f"[bench.update] compiling ours ({args.model}, B={b}, T={t})")
+    t0 = time.perf_counter()
+    state, metrics = update(state, batch, jax.random.key(0))
+    first = {k: float(v) for k, v in metrics.items()}
+    out["compile_s"] = time.perf_counter() - t0  # compile + first step
+
+    worker = None
+    python = common.tunix_python()
+    if not args.no_tunix:
+        if python is None:
+            raise SystemExit(f"{common.TUNIX_VENV} is missing: create it from {common.TUNIX_REQUIREMENTS} "
+                             "(or pass --no-tunix)")
+        common.log("[bench.update] starting Tunix (load + compile)")
+        worker = TunixWorker(python, hf_dir, batch_path)
+        tf = worker.first
+        out["tunix_compile_s"] = tf["compile_s"]
+        out["loss"], out["tunix_loss"] = first["loss"], tf["loss"]
+        out["loss_rel_diff"] = abs(first["loss"] - tf["loss"]) / max(abs(tf["loss"]), 1e-12)
+        out["entropy"], out["tunix_entropy"] = first["entropy"], tf["entropy"]
+
+    ours_best, tunix_best, peaks, mfus, speedups = [], [], [], [], []
+    try:
+        for r in range(args.rounds):
+            peaks.append(common.matmul_peak_flops(args.matmul_n, repeats=args.matmul_repeats))
+            times = []
+            for i in range(args.steps):
+                t0 = time.perf_counter()
+                state, metrics = update(state, batch, jax.random.key(i))  # the old state is donated
+                jax.block_until_ready((state, metrics))
+                times.append(time.perf_counter() - t0)
+            ours_best.append(min(times))
+            mfus.append(flops_per_step / ours_best[-1] / peaks[-1])
+            msg = f"round {r}: peak {peaks[-1] / 1e9:.1f} GFLOP/s, ours {ours_best[-1]:.3f} s (mfu {mfus[-1]:.3f})"
+            if worker is not None:
+                tunix_best.append(min(worker.run(args.steps)))
+                speedups.append(tunix_best[-1] / ours_best[-1])
+                msg += f", tunix {tunix_best[-1]:.3f} s (ours {speedups[-1]:.2f}x)"
+            common.log("[bench.update] " + msg)
+    finally:
+        if worker is not None:
+            worker.close()
+
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    out.update(mfu=med(mfus), mfu_min=min(mfus), mfu_max=max(mfus),
+               tok_s=med([tokens_per_step / s for s in ours_best]), step_s_min=min(ours_best),
+               peak_gflops=med(peaks) / 1e9, peak_gflops_max=max(peaks) / 1e9,
+               achieved_gflops=med([flops_per_step / s / 1e9 for s in ours_best]))
+    if worker is not None:
+        out.update(tunix_tok_s=med([tokens_per_step / s for s in tunix_best]), tunix_step_s_min=min(tunix_best),
+                   speedup=med(speedups), speedup_min=min(speedups), speedup_max=max(speedups),
+                   tunix_mfu=med([flops_per_step / s / p for s, p in zip(tunix_best, peaks)]))
+    else:
+        out["tunix_tok_s"] = None
+    out["rounds"], out["steps_per_round"] = args.rounds, args.steps
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="bench_58m")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--prompt-len", type=int, default=None, help="default seq // 4")
+    p.add_argument("--micro-batch", type=int, default=None, help="default: the whole batch")
+    p.add_argument("--chunk", type=int, default=512, help="T-chunk of the fused LM head + log-softmax")
+    p.add_argument("--remat", action="store_true")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=2, help="timed steps per round (per side)")
+    p.add_argument("--matmul-n", type=int, default=2048)
+    p.add_argument("--matmul-repeats", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-tunix", action="store_true")
+    args = p.parse_args(argv)
+    print(json.dumps(run(args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
