@@ -1,0 +1,63 @@
+"""Rollout limits and scheduling settings (defaults: the recipe's)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """Multi-turn agent loop settings.
+
+  Attributes:
+    batch_size: B, row slots decoded together; a finished episode frees its slot for the next prompt group.
+    max_turns: assistant turns per episode (recipe: 16); a tool call in the last turn is not executed.
+    max_response_len: response tokens per episode, tool-response tokens included (recipe: 20480).
+    max_prompt_len: longest prompt accepted (a longer one is a ValueError naming it).
+    max_tool_output_chars: a tool result longer than this keeps its head and tail (default 2048; the reference's
+      256 hides most tracebacks).
+    max_calls_per_turn: tool calls executed per assistant turn (default 1: the turn pauses at the first
+      `</tool_call>`; with more, turns run to `<|im_end|>` and up to this many of their calls run).
+    end_on_failed_call: end the episode at a malformed tool call (the reference's behaviour) instead of answering
+      with an error message the model can recover from.
+    overlap_tools: keep decoding rows that are not waiting while tools run (measured faster; see
+      bench/rollout.py); False pauses the whole batch until every started tool call has returned.
+    segment_len: most decode steps per compiled decode call (the host checks for paused rows in between).
+    min_tool_stops: with `overlap_tools`, a decode call returns early once this many rows paused at a tool call,
+      so their tools start sooner.
+    groups_per_prefill: most prompt groups prefilled by one call (their count is bucketed to a power of two).
+    prompt_bucket_min: smallest prompt-length bucket (buckets: x2 and x1.5 steps).
+    chunk_bucket_min: smallest tool-response chunk bucket.
+    cache_bucket_min: smallest KV cache capacity; the cache grows in buckets as rows get longer.
+    tool_names: tools the model may call.
+  """
+
+  batch_size: int = 64
+  max_turns: int = 16
+  max_response_len: int = 20480
+  max_prompt_len: int = 4096
+  max_tool_output_chars: int = 2048
+  max_calls_per_turn: int = 1
+  end_on_failed_call: bool = False
+  overlap_tools: bool = True
+  segment_len: int = 64
+  min_tool_stops: int = 1
+  groups_per_prefill: int = 8
+  prompt_bucket_min: int = 64
+  chunk_bucket_min: int = 32
+  cache_bucket_min: int = 256
+  tool_names: tuple[str, ...] = ("code_interpreter",)
+
+  def __post_init__(self):
+    for name in ("batch_size", "max_turns", "max_response_len", "max_prompt_len", "max_calls_per_turn", "segment_len",
+                 "min_tool_stops", "groups_per_prefill", "prompt_bucket_min", "chunk_bucket_min", "cache_bucket_min"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"RolloutConfig.{name}: must be an int >= 1, got {value!r}")
+    if not isinstance(self.max_tool_output_chars, int) or self.max_tool_output_chars < 64:
+      raise ValueError(f"RolloutConfig.max_tool_output_chars: must be an int >= 64, got {self.max_tool_output_chars!r}")
+    if not self.tool_names or not all(isinstance(t, str) and t for t in self.tool_names):
+      raise ValueError(f"RolloutConfig.tool_names: must be a non-empty tuple of names, got {self.tool_names!r}")
+
+  def replace(self, **kw) -> RolloutConfig:
+    return dataclasses.replace(self, **kw)

@@ -1,0 +1,472 @@
+"""The compiled sampler: one `SamplingState` over B row slots, advanced by three pure functions.
+
+  prefill_groups  prefill P prompts ONCE each, copy every prompt's cache into its n row slots (`select_rows`),
+                  draw each row's first token;
+  extend          append a chunk to chosen rows' caches (a tool response; other rows get chunk length 0) and
+                  draw their next token: earlier context is never recomputed;
+  decode          a `lax.while_loop` of one-token steps over all active rows until every row stopped, the
+                  step limit is hit, or (optionally) enough rows paused at a tool call.
+
+A row's last drawn token is pending: it enters the cache with the next step (decode) or as the first token of
+the next chunk (extend), so stop tokens cost no forward pass unless the episode continues.
+
+Every function reads the model's parameters as an `nnx.State` argument (the trainer's current params; nothing
+is copied into the sampler) and the model's static `GraphDef`. `make_sampler` jits them, with explicit
+shardings when a mesh is given, and donates the state. Shapes are bucketed by the caller (`config.bucket`), so a
+run compiles a bounded number of times; `TRACE_COUNTS` counts traces per function for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import flax.struct
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from agentrl_jax.models import sharding as sharding_lib
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.kv_cache import CACHE_AXES, KVCache
+from agentrl_jax.sampling import logits as logits_lib
+from agentrl_jax.sampling.config import SamplingConfig, StopReason
+
+# Number of times each sampler function was traced (= compiled) in this process.
+TRACE_COUNTS: collections.Counter[str] = collections.Counter()
+
+
+@flax.struct.dataclass
+class SamplingState:
+  """Everything the decode loop carries, for B row slots.
+
+  Attributes:
+    cache: the KV cache `[B, S]` (S = capacity); `cache.lengths` are the tokens already in it.
+    last_token: `[B]` the row's last drawn token, not yet in the cache.
+    active: `[B]` the row is decoding.
+    stop_reason: `[B]` `StopReason` of an inactive row (RUNNING while active).
+    budget: `[B]` tokens the row may still draw before it stops with LENGTH.
+    forced: `[B, F]` teacher-forced tokens of the row's current turn (-1 = sample), or None.
+    forced_pos: `[B]` next index into `forced`, or None.
+    key: the PRNG key; split once per draw.
+    steps: scalar int32, decode steps run so far (all calls).
+  """
+
+  cache: KVCache
+  last_token: Int[Array, "B"]
+  active: Array
+  stop_reason: Int[Array, "B"]
+  budget: Int[Array, "B"]
+  forced: Int[Array, "B F"] | None
+  forced_pos: Int[Array, "B"] | None
+  key: jax.Array
+  steps: Int[Array, ""]
+
+  @property
+  def batch(self) -> int:
+    return self.last_token.shape[0]
+
+  @property
+  def capacity(self) -> int:
+    return self.cache.max_len
+
+
+@flax.struct.dataclass
+class Draw:
+  """Tokens drawn by `prefill_groups` / `extend` (one per row they touched), with the rows' stop state."""
+
+  token: Int[Array, "R"]
+  logp_raw: Float[Array, "R"]
+  logp_sample: Float[Array, "R"]
+  stop_reason: Int[Array, "R"]
+
+
+@flax.struct.dataclass
+class Segment:
+  """What one `decode` call drew. Row b drew `num[b]` tokens, at `tokens[b, :num[b]]`.
+
+  `stop_reason`/`active`/`lengths` are the rows' state after the call (so the host needs one transfer).
+  """
+
+  tokens: Int[Array, "B L"]
+  logp_raw: Float[Array, "B L"]
+  logp_sample: Float[Array, "B L"]
+  num: Int[Array, "B"]
+  stop_reason: Int[Array, "B"]
+  active: Array
+  lengths: Int[Array, "B"]
+  steps: Int[Array, ""]
+
+
+def init_state(cfg: ModelConfig, batch: int, capacity: int, key: jax.Array, *, forced_len: int = 0) -> SamplingState:
+  """An empty state: B inactive slots with an empty cache of `capacity` tokens per row.
+
+  Args:
+    forced_len: F > 0 enables teacher forcing (per-row forced tokens per turn, for scripted policies).
+  """
+  return SamplingState(
+      cache=KVCache.init(cfg, batch, capacity),
+      last_token=jnp.zeros((batch,), jnp.int32),
+      active=jnp.zeros((batch,), jnp.bool_),
+      stop_reason=jnp.full((batch,), int(StopReason.END), jnp.int32),
+      budget=jnp.zeros((batch,), jnp.int32),
+      forced=jnp.full((batch, forced_len), -1, jnp.int32) if forced_len else None,
+      forced_pos=jnp.zeros((batch,), jnp.int32) if forced_len else None,
+      key=key,
+      steps=jnp.zeros((), jnp.int32),
+  )
+
+
+def grow(state: SamplingState, capacity: int) -> SamplingState:
+  """Pads the cache to `capacity` slots per row (the sampler grows it in buckets as rows get longer)."""
+  pad = capacity - state.capacity
+  if pad < 0:
+    raise ValueError(f"grow: capacity {capacity} is below the current {state.capacity}")
+  TRACE_COUNTS["grow"] += 1
+  padk = lambda x: sharding_lib.shard(jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))), CACHE_AXES)
+  cache = state.cache.replace(k=tuple(map(padk, state.cache.k)), v=tuple(map(padk, state.cache.v)))
+  return state.replace(cache=cache)
+
+
+# --------------------------------------------------------------------------- shared pieces
+def _stop_after(token, budget, sampling: SamplingConfig):
+  """Stop reason of rows that just drew `token` with `budget` draws left (before this one)."""
+  reason = jnp.full(token.shape, int(StopReason.RUNNING), jnp.int32)
+  reason = jnp.where(budget <= 1, int(StopReason.LENGTH), reason)
+  if sampling.tool_end_token_ids:
+    reason = jnp.where(jnp.isin(token, jnp.asarray(sampling.tool_end_token_ids)), int(StopReason.TOOL), reason)
+  if sampling.end_token_ids:
+    reason = jnp.where(jnp.isin(token, jnp.asarray(sampling.end_token_ids)), int(StopReason.END), reason)
+  return reason
+
+
+def _last_hidden(hidden: Float[Array, "R T D"], chunk_lengths: Int[Array, "R"]) -> Float[Array, "R D"]:
+  idx = jnp.maximum(chunk_lengths - 1, 0)
+  return jnp.take_along_axis(hidden, idx[:, None, None], axis=1)[:, 0]
+
+
+def _forced_now(forced, forced_pos):
+  """The forced token at each row's position (-1 past its end)."""
+  f = forced.shape[1]
+  tok = jnp.take_along_axis(forced, jnp.minimum(forced_pos, f - 1)[:, None], axis=1)[:, 0]
+  return jnp.where(forced_pos < f, tok, -1)
+
+
+def _set_rows(x, rows, values):
+  """x[rows] = values, dropping rows that are out of range (padding rows use index B)."""
+  return x.at[rows].set(values.astype(x.dtype), mode="drop")
+
+
+# --------------------------------------------------------------------------- prefill
+def prefill_groups(
+    graphdef: nnx.GraphDef,
+    sampling: SamplingConfig,
+    n: int,
+    params: nnx.State,
+    state: SamplingState,
+    tokens: Int[Array, "P T"],
+    lengths: Int[Array, "P"],
+    slots: Int[Array, "Pn"],
+    budgets: Int[Array, "Pn"],
+    forced: Int[Array, "Pn F"] | None = None,
+) -> tuple[SamplingState, Draw]:
+  """Prefills P prompts once each and starts n rows per prompt in the given slots.
+
+  Args:
+    graphdef: the model's static graph (`nnx.split(model)[0]`).
+    sampling: sampling settings (static).
+    n: samples per prompt (static); prompt p's rows are `slots[p*n:(p+1)*n]`.
+    params: the model's parameters (`nnx.State`).
+    state: the sampler state; rows not in `slots` are untouched.
+    tokens: `[P, T]` right-padded prompt tokens (T bucketed); padding prompts have length 0.
+    lengths: `[P]` prompt lengths (>= 1 for real prompts).
+    slots: `[P*n]` row slots to fill; index B (out of range) marks a padding row.
+    budgets: `[P*n]` tokens each new row may draw.
+    forced: `[P*n, F]` teacher-forced tokens of each row's first turn (-1 = sample), when enabled.
+
+  Returns:
+    `(state, Draw)`: the first token of each of the P*n rows.
+  """
+  TRACE_COUNTS["prefill_groups"] += 1
+  model = nnx.merge(graphdef, params)
+  p, t = tokens.shape
+  small = KVCache.init(model.cfg, p, t, dtype=state.cache.k[0].dtype)
+  hidden, small = model(tokens, cache=small, chunk_lengths=lengths, return_hidden=True)
+  logits = model.unembed(_last_hidden(hidden, lengths))  # [P, V]: one unembed per prompt, not per token
+  rows = jnp.repeat(jnp.arange(p), n)
+  small = small.select_rows(rows)  # [P*n, T]: the n samples share the one prefill
+  logits = jnp.take(logits, rows, axis=0)
+
+  key, draw_key = jax.random.split(state.key)
+  forced_now = None if forced is None else forced[:, 0]
+  token, logp_raw, logp_sample = logits_lib.sample(logits, draw_key, sampling, forced_now)
+  reason = _stop_after(token, budgets, sampling)
+
+  cache = state.cache
+  write = lambda big, new: sharding_lib.shard(big.at[slots, :t].set(new.astype(big.dtype), mode="drop"), CACHE_AXES)
+  cache = cache.replace(k=tuple(map(write, cache.k, small.k)), v=tuple(map(write, cache.v, small.v)),
+                        lengths=_set_rows(cache.lengths, slots, small.lengths))
+  new = state.replace(
+      cache=cache,
+      last_token=_set_rows(state.last_token, slots, token),
+      active=_set_rows(state.active, slots, reason == StopReason.RUNNING),
+      stop_reason=_set_rows(state.stop_reason, slots, reason),
+      budget=_set_rows(state.budget, slots, budgets - 1),
+      key=key,
+  )
+  if state.forced is not None:
+    new = new.replace(forced=_set_rows(state.forced, slots, forced),
+                      forced_pos=_set_rows(state.forced_pos, slots, jnp.ones_like(slots)))
+  return new, Draw(token, logp_raw, logp_sample, reason)
+
+
+# --------------------------------------------------------------------------- extend
+def extend(
+    graphdef: nnx.GraphDef,
+    sampling: SamplingConfig,
+    params: nnx.State,
+    state: SamplingState,
+    chunk: Int[Array, "B T"],
+    chunk_lengths: Int[Array, "B"],
+    budgets: Int[Array, "B"],
+    forced: Int[Array, "B F"] | None = None,
+) -> tuple[SamplingState, Draw]:
+  """Appends `chunk[b, :chunk_lengths[b]]` to row b's cache and draws its next token (rows with length 0 keep
+  their state): one batched forward for all rows that resume after a tool call.
+
+  Args:
+    chunk: `[B, T]` right-padded tokens (T bucketed); a resuming row's chunk starts with its pending token.
+    chunk_lengths: `[B]` tokens to append per row; 0 leaves the row as it is.
+    budgets: `[B]` draws allowed to each extended row from now on.
+    forced: `[B, F]` teacher-forced tokens of the extended rows' next turn, when enabled.
+
+  Returns:
+    `(state, Draw)` with one entry per row (meaningful where `chunk_lengths > 0`).
+  """
+  TRACE_COUNTS["extend"] += 1
+  model = nnx.merge(graphdef, params)
+  hidden, cache = model(chunk, cache=state.cache, chunk_lengths=chunk_lengths, return_hidden=True)
+  logits = model.unembed(_last_hidden(hidden, chunk_lengths))
+  key, draw_key = jax.random.split(state.key)
+  on = chunk_lengths > 0
+  forced_now = None if forced is None else jnp.where(on, forced[:, 0], -1)
+  token, logp_raw, logp_sample = logits_lib.sample(logits, draw_key, sampling, forced_now)
+  reason = _stop_after(token, budgets, sampling)
+  new = state.replace(
+      cache=cache,
+      last_token=jnp.where(on, token, state.last_token),
+      active=jnp.where(on, reason == StopReason.RUNNING, state.active),
+      stop_reason=jnp.where(on, reason, state.stop_reason),
+      budget=jnp.where(on, budgets - 1, state.budget),
+      key=key,
+  )
+  if state.forced is not None:
+    new = new.replace(forced=jnp.where(on[:, None], forced, state.forced),
+                      forced_pos=jnp.where(on, 1, state.forced_pos))
+  return new, Draw(token, logp_raw, logp_sample, reason)
+
+
+# --------------------------------------------------------------------------- decode
+def decode(
+    graphdef: nnx.GraphDef,
+    sampling: SamplingConfig,
+    params: nnx.State,
+    state: SamplingState,
+    max_steps: Int[Array, ""],
+    min_tool_stops: Int[Array, ""],
+) -> tuple[SamplingState, Segment]:
+  """Decodes active rows one token per step in a `lax.while_loop`.
+
+  Stops when no row is active, after `max_steps` (<= `sampling.segment_len`) steps, or as soon as
+  `min_tool_stops` rows have paused at a tool call during this call (so the host can start their tools while
+  the other rows keep decoding in the next call). Inactive rows ride along (static batch) without advancing.
+
+  Returns:
+    `(state, Segment)`; the segment holds this call's tokens.
+  """
+  TRACE_COUNTS["decode"] += 1
+  model = nnx.merge(graphdef, params)
+  b, seg = state.batch, sampling.segment_len
+  max_steps = jnp.minimum(max_steps, seg)
+  zeros_f = jnp.zeros((b, seg), jnp.float32)
+
+  @flax.struct.dataclass
+  class Carry:
+    s: SamplingState
+    out: Segment
+    i: Int[Array, ""]
+    tool_stops: Int[Array, ""]
+
+  def cond(c: Carry):
+    return (c.i < max_steps) & jnp.any(c.s.active) & (c.tool_stops < min_tool_stops)
+
+  def body(c: Carry) -> Carry:
+    s, out = c.s, c.out
+    active = s.active
+    logits, cache = model(s.last_token[:, None], cache=s.cache, chunk_lengths=active.astype(jnp.int32))
+    key, draw_key = jax.random.split(s.key)
+    forced_now = None if s.forced is None else _forced_now(s.forced, s.forced_pos)
+    token, logp_raw, logp_sample = logits_lib.sample(logits[:, 0], draw_key, sampling, forced_now)
+    reason = _stop_after(token, s.budget, sampling)
+    stopped = active & (reason != StopReason.RUNNING)
+    col = jnp.where(active, out.num, seg)  # inactive rows write nowhere (dropped)
+    put = lambda buf, val: buf.at[jnp.arange(b), col].set(val, mode="drop")
+    out = out.replace(tokens=put(out.tokens, token), logp_raw=put(out.logp_raw, logp_raw),
+                      logp_sample=put(out.logp_sample, logp_sample), num=out.num + active)
+    s = s.replace(
+        cache=cache,
+        last_token=jnp.where(active, token, s.last_token),
+        active=active & ~stopped,
+        stop_reason=jnp.where(stopped, reason, s.stop_reason),
+        budget=s.budget - active,
+        key=key,
+        steps=s.steps + 1,
+    )
+    if s.forced is not None:
+      s = s.replace(forced_pos=s.forced_pos + active)
+    tool_stops = c.tool_stops + jnp.sum(stopped & (reason == StopReason.TOOL))
+    return Carry(s, out, c.i + 1, tool_stops)
+
+  out0 = Segment(tokens=jnp.zeros((b, seg), jnp.int32), logp_raw=zeros_f, logp_sample=zeros_f,
+                 num=jnp.zeros((b,), jnp.int32), stop_reason=state.stop_reason, active=state.active,
+                 lengths=state.cache.lengths, steps=state.steps)
+  final = jax.lax.while_loop(cond, body, Carry(state, out0, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)))
+  s = final.s
+  out = final.out.replace(stop_reason=s.stop_reason, active=s.active, lengths=s.cache.lengths, steps=s.steps)
+  return s, out
+
+
+# --------------------------------------------------------------------------- compiled entry points
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+  """The jitted sampler functions for one model graph, sampling config, batch size and mesh.
+
+  Build with `make_sampler`; call with the current params (an `nnx.State`) every time.
+  """
+
+  model_cfg: ModelConfig
+  sampling: SamplingConfig
+  batch: int
+  n_forced: int
+  mesh: jax.sharding.Mesh | None
+  init: Callable[..., SamplingState]
+  prefill_groups: Callable[..., tuple[SamplingState, Draw]]
+  extend: Callable[..., tuple[SamplingState, Draw]]
+  decode: Callable[..., tuple[SamplingState, Segment]]
+  grow: Callable[..., SamplingState]
+  param_shardings: Any = None
+
+  def place_params(self, params: nnx.State) -> nnx.State:
+    """Reshards params onto the sampler's layout when it differs (a no-op when it matches)."""
+    if self.param_shardings is None:
+      return params
+    return jax.device_put(params, self.param_shardings)
+
+
+def _state_shardings(state: SamplingState, mesh):
+  """Shardings of a SamplingState: cache by CACHE_AXES, per-row arrays along "batch", the rest replicated."""
+
+  def one(path, x):
+    names = [getattr(p, "name", getattr(p, "key", None)) for p in path]
+    if names and names[0] == "cache" and names[1] in ("k", "v"):
+      return sharding_lib.named_sharding(mesh, CACHE_AXES, x.shape)
+    if x.ndim >= 1 and names[0] != "key":
+      return sharding_lib.named_sharding(mesh, ("batch",) + (None,) * (x.ndim - 1), x.shape)
+    return jax.sharding.NamedSharding(mesh, jax.P())
+
+  return jax.tree_util.tree_map_with_path(one, state)
+
+
+def _rows_sharding(mesh, shape):
+  return sharding_lib.named_sharding(mesh, ("batch",) + (None,) * (len(shape) - 1), shape)
+
+
+def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: SamplingConfig, *, batch: int,
+                 mesh: jax.sharding.Mesh | None = None, params: nnx.State | None = None,
+                 n_forced: int = 0) -> Sampler:
+  """Jits the sampler functions.
+
+  The state argument is donated: the KV cache is the largest buffer the sampler owns (B x S x layers), and
+  without donation every call would allocate a second cache and copy the first into it; donated, XLA updates
+  it in place. Callers must therefore never reuse a state after passing it in.
+
+  Args:
+    graphdef: the model's graph (`nnx.split(model)[0]`).
+    model_cfg: the model's config (cache shapes).
+    sampling: sampling settings.
+    batch: B, the number of row slots.
+    mesh: if given, every function is jitted with explicit in/out shardings on it (params by their logical
+      axes; cache and rows along the batch axes) and runs under `jax.set_mesh(mesh)`.
+    params: an example params state (abstract is fine) to derive param shardings; required with a mesh.
+    n_forced: F > 0 enables teacher forcing with up to F forced tokens per turn.
+  """
+  if batch < 1:
+    raise ValueError(f"make_sampler: batch must be >= 1, got {batch}")
+  g = functools.partial
+  fns = dict(
+      prefill_groups=lambda n: g(prefill_groups, graphdef, sampling, n),
+      extend=lambda: g(extend, graphdef, sampling),
+      decode=lambda: g(decode, graphdef, sampling),
+  )
+  param_sh = None
+  if mesh is None:
+    jit_prefill = functools.cache(lambda n: jax.jit(fns["prefill_groups"](n), donate_argnums=(1,)))
+    jit_extend = jax.jit(fns["extend"](), donate_argnums=(1,))
+    jit_decode = jax.jit(fns["decode"](), donate_argnums=(1,))
+    jit_grow = jax.jit(grow, static_argnums=(1,))  # no donation: the padded cache cannot reuse the smaller buffer
+    jit_init = jax.jit(init_state, static_argnums=(0, 1, 2), static_argnames=("forced_len",))
+    run = lambda f, *a, **k: f(*a, **k)
+  else:
+    if params is None:
+      raise ValueError("make_sampler: params (or an abstract params state) are needed with a mesh")
+    param_sh = sharding_lib.state_shardings(params, mesh)
+    rep = jax.sharding.NamedSharding(mesh, jax.P())
+
+    def state_sh(capacity):
+      abstract = jax.eval_shape(lambda: init_state(model_cfg, batch, capacity, jax.random.key(0),
+                                                   forced_len=n_forced))
+      return _state_shardings(abstract, mesh)
+
+    def draw_sh(rows):
+      s = _rows_sharding(mesh, (rows,))
+      return Draw(s, s, s, s)
+
+    def seg_sh():
+      s2, s1 = _rows_sharding(mesh, (batch, sampling.segment_len)), _rows_sharding(mesh, (batch,))
+      return Segment(s2, s2, s2, s1, s1, s1, s1, rep)
+
+    # The state's shardings do not depend on the capacity except through divisibility, which only involves B
+    # and the kv heads; compute them once for a capacity every mesh divides.
+    sst = state_sh(8)
+    forced_sh = lambda rows: None if not n_forced else _rows_sharding(mesh, (rows, n_forced))
+
+    @functools.cache
+    def jit_prefill(n):
+      return jax.jit(fns["prefill_groups"](n), donate_argnums=(1,),
+                     in_shardings=(param_sh, sst, rep, rep, rep, rep, None if not n_forced else rep),
+                     out_shardings=(sst, None))
+
+    jit_extend = jax.jit(fns["extend"](), donate_argnums=(1,),
+                         in_shardings=(param_sh, sst, _rows_sharding(mesh, (batch, 1)), _rows_sharding(mesh, (batch,)),
+                                       _rows_sharding(mesh, (batch,)), forced_sh(batch)),
+                         out_shardings=(sst, draw_sh(batch)))
+    jit_decode = jax.jit(fns["decode"](), donate_argnums=(1,), in_shardings=(param_sh, sst, rep, rep),
+                         out_shardings=(sst, seg_sh()))
+    jit_grow = jax.jit(grow, static_argnums=(1,), in_shardings=(sst,), out_shardings=sst)
+    jit_init = jax.jit(init_state, static_argnums=(0, 1, 2), static_argnames=("forced_len",), out_shardings=sst)
+
+    def run(f, *a, **k):
+      with jax.set_mesh(mesh):
+        return f(*a, **k)
+
+  return Sampler(
+      model_cfg=model_cfg, sampling=sampling, batch=batch, n_forced=n_forced, mesh=mesh, param_shardings=param_sh,
+      init=lambda capacity, key: run(jit_init, model_cfg, batch, capacity, key, forced_len=n_forced),
+      prefill_groups=lambda n, *a: run(jit_prefill(n), *a),
+      extend=lambda *a: run(jit_extend, *a),
+      decode=lambda *a: run(jit_decode, *a),
+      grow=lambda state, capacity: run(jit_grow, state, capacity),
+  )
