@@ -51,6 +51,35 @@ def rope(x: Float[Array, "B T N H"], positions: Int[Array, "B T"], theta: float)
   return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
+def _decode_attention(qg: Float[Array, "B 1 K G H"], k: Float[Array, "B S K H"], v: Float[Array, "B S K H"],
+                      mask_bts: Array, scale: float) -> Float[Array, "B 1 K G H"]:
+  """Attention of ONE query token per row over the cache [B, S, K, H], in float32, without moving the cache.
+
+  The batched-matmul form ("BTKGH,BSKH->BKGTS") makes XLA:CPU transpose the whole cache to [B, K, S, H] on every
+  decode step. Instead, with few kv heads (K <= 4), the query becomes a block-diagonal [B, K*H, K*G] matrix so
+  the cache is read in place as [B, S, K*H] by an ordinary batched matmul (K x the FLOPs of a memory-bound
+  step); with more kv heads, a broadcast multiply-reduce. Per layer at B=16, S=384, K=4, H=64 on CPU: 1.9 ms
+  (batched matmul), 0.9 ms (multiply-reduce), 0.4 ms (block-diagonal); at K=8, H=128: 38, 3.7, 3.8 ms.
+  """
+  f32 = jnp.float32
+  b, _, nk, g, h = qg.shape
+  s = k.shape[1]
+  q = qg[:, 0].astype(f32)
+  keep = mask_bts[:, 0, :, None, None]
+  if nk <= 4:
+    eye = jnp.eye(nk, dtype=f32)
+    q_bd = jnp.einsum("BKGH,KJ->BKHJG", q, eye).reshape(b, nk * h, nk * g)
+    scores = jnp.einsum("BSC,BCE->BSE", k.reshape(b, s, nk * h).astype(f32), q_bd).reshape(b, s, nk, g)
+    probs = jax.nn.softmax(jnp.where(keep, scores * scale, jnp.finfo(f32).min), axis=1).reshape(b, s, nk * g)
+    out = jnp.einsum("BSE,BSC->BEC", probs, v.reshape(b, s, nk * h).astype(f32)).reshape(b, nk, g, nk, h)
+    out = jnp.sum(out * eye[None, :, None, :, None], axis=3)  # keep the diagonal blocks (kv head J == K)
+  else:
+    scores = jnp.sum(q[:, None] * k[:, :, :, None, :].astype(f32), axis=-1)  # [B, S, K, G]
+    probs = jax.nn.softmax(jnp.where(keep, scores * scale, jnp.finfo(f32).min), axis=1)
+    out = jnp.sum(probs[..., None] * v[:, :, :, None, :].astype(f32), axis=1)
+  return out[:, None]
+
+
 class Attention(nnx.Module):
   """GQA self-attention with optional qkv bias (Qwen2) and per-head q/k RMSNorm (Qwen3)."""
 
@@ -99,11 +128,15 @@ class Attention(nnx.Module):
 
     b, t = q.shape[:2]
     qg = q.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
-    scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32)
-    scores = scores * (cfg.head_dim ** -0.5)
-    scores = jnp.where(mask_bts[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(b, t, cfg.num_heads, cfg.head_dim)
+    if cache_kv is not None and t == 1:
+      out = _decode_attention(qg, k, v, mask_bts, cfg.head_dim ** -0.5).astype(dt)
+    else:
+      scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32)
+      scores = scores * (cfg.head_dim ** -0.5)
+      scores = jnp.where(mask_bts[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+      probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+      out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v)
+    out = out.reshape(b, t, cfg.num_heads, cfg.head_dim)
     out = jnp.einsum("BTNH,NHD->BTD", out, self.o_nhd[...].astype(dt))
     return shard(out, ("batch", "seq", "act_embed")), new_cache
 

@@ -16,6 +16,39 @@ from jaxtyping import Array, Float, Int
 from agentrl_jax.sampling.config import SamplingConfig
 
 _NEG_INF = -jnp.inf
+_BLOCK = 128  # vocabulary block of the two-level inverse-CDF draw
+
+
+def argmax(x: Float[Array, "R V"]) -> Int[Array, "R"]:
+  """First index of the row maximum. XLA:CPU lowers `jnp.argmax` to a variadic (value, index) reduce that is
+  ~10x slower than a max followed by a min over matching indices (2.3 ms vs 0.23 ms at [16, 32000])."""
+  m = jnp.max(x, axis=-1, keepdims=True)
+  idx = jnp.arange(x.shape[-1], dtype=jnp.int32)
+  return jnp.min(jnp.where(x == m, idx, x.shape[-1]), axis=-1).astype(jnp.int32)
+
+
+def categorical(key: jax.Array, x: Float[Array, "R V"]) -> Int[Array, "R"]:
+  """Draws from softmax(x) per row by inverting the CDF with ONE uniform per row.
+
+  `jax.random.categorical` (Gumbel-max) needs R x V random numbers; generating them (threefry) and the argmax
+  cost 8 ms per draw at [16, 32000] on CPU, ~20x this. The CDF is inverted in two levels (block sums, then
+  one block) so no full-vocabulary cumsum is needed. Tokens at -inf (filtered) have probability 0 and are
+  never drawn.
+  """
+  r, v = x.shape
+  nb = -(-v // _BLOCK)
+  p = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+  p = jnp.pad(p, ((0, 0), (0, nb * _BLOCK - v))).reshape(r, nb, _BLOCK)
+  cum_blocks = jnp.cumsum(jnp.sum(p, axis=-1), axis=-1)  # [R, nb]
+  u = (1.0 - jax.random.uniform(key, (r, 1), jnp.float32)) * cum_blocks[:, -1:]  # in (0, total]
+  blk = jnp.minimum(jnp.sum(cum_blocks < u, axis=-1), nb - 1)  # first block whose cumulative mass reaches u
+  before = jnp.where(blk > 0, jnp.take_along_axis(cum_blocks, jnp.maximum(blk - 1, 0)[:, None], axis=-1)[:, 0], 0.0)
+  inner = jnp.take_along_axis(p, blk[:, None, None], axis=1)[:, 0]  # [R, BLOCK]
+  cum = jnp.cumsum(inner, axis=-1) + before[:, None]
+  lane = jnp.arange(_BLOCK, dtype=jnp.int32)
+  last_nonzero = jnp.max(jnp.where(inner > 0, lane, 0), axis=-1)  # rounding must not pick a zero-mass token
+  i = jnp.minimum(jnp.sum(cum < u, axis=-1), last_nonzero)
+  return (blk * _BLOCK + i).astype(jnp.int32)
 
 
 def sampling_logits(logits: Float[Array, "R V"], cfg: SamplingConfig) -> Float[Array, "R V"]:
@@ -60,16 +93,16 @@ def sample(logits: Float[Array, "R V"], key: jax.Array, cfg: SamplingConfig,
   logits = logits.astype(jnp.float32)
   lse_raw = jax.nn.logsumexp(logits, axis=-1)
   if cfg.greedy:
-    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    token = argmax(logits)
   else:
     x = sampling_logits(logits, cfg)
-    token = jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
+    token = categorical(key, x)
   if forced is not None:
     token = jnp.where(forced >= 0, forced, token).astype(jnp.int32)
   picked = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
   logp_raw = picked - lse_raw
   if cfg.greedy:
-    logp_sample = jnp.where(token == jnp.argmax(logits, axis=-1), 0.0, _NEG_INF)
+    logp_sample = jnp.where(picked >= jnp.max(logits, axis=-1), 0.0, _NEG_INF)
   elif not cfg.filters and cfg.temperature == 1.0:
     logp_sample = logp_raw
   else:

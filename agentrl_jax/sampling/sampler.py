@@ -148,6 +148,19 @@ def _last_hidden(hidden: Float[Array, "R T D"], chunk_lengths: Int[Array, "R"]) 
   return jnp.take_along_axis(hidden, idx[:, None, None], axis=1)[:, 0]
 
 
+def _unembed_dv(model) -> jax.Array:
+  """The unembedding as a `[D, V]` matrix in the compute dtype.
+
+  With tied embeddings the model multiplies by the `[V, D]` table transposed; XLA:CPU then re-lays out the
+  whole table on every decode step (10.8 ms vs 4.6 ms per step for the 32000 x 512 table at B=16). `decode`
+  builds this matrix once per call, outside its loop.
+  """
+  dt = model.cfg.jnp_dtype
+  if model.cfg.tie_embeddings:
+    return model.embed_vd[...].astype(dt).T
+  return model.unembed_dv[...].astype(dt)
+
+
 def _forced_now(forced, forced_pos):
   """The forced token at each row's position (-1 past its end)."""
   f = forced.shape[1]
@@ -292,6 +305,7 @@ def decode(
   b, seg = state.batch, sampling.segment_len
   max_steps = jnp.minimum(max_steps, seg)
   zeros_f = jnp.zeros((b, seg), jnp.float32)
+  w_dv = _unembed_dv(model)
 
   @flax.struct.dataclass
   class Carry:
@@ -306,10 +320,12 @@ def decode(
   def body(c: Carry) -> Carry:
     s, out = c.s, c.out
     active = s.active
-    logits, cache = model(s.last_token[:, None], cache=s.cache, chunk_lengths=active.astype(jnp.int32))
+    hidden, cache = model(s.last_token[:, None], cache=s.cache, chunk_lengths=active.astype(jnp.int32),
+                          return_hidden=True)
+    logits = jnp.einsum("BD,DV->BV", hidden[:, 0].astype(w_dv.dtype), w_dv, preferred_element_type=jnp.float32)
     key, draw_key = jax.random.split(s.key)
     forced_now = None if s.forced is None else _forced_now(s.forced, s.forced_pos)
-    token, logp_raw, logp_sample = logits_lib.sample(logits[:, 0], draw_key, sampling, forced_now)
+    token, logp_raw, logp_sample = logits_lib.sample(logits, draw_key, sampling, forced_now)
     reason = _stop_after(token, s.budget, sampling)
     stopped = active & (reason != StopReason.RUNNING)
     col = jnp.where(active, out.num, seg)  # inactive rows write nowhere (dropped)
