@@ -62,6 +62,7 @@ def generate(sampler: Sampler, params: nnx.State, prompts: Sequence[Sequence[int
   if max_new_tokens < 1:
     raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
   t = bucket(max(len(p) for p in prompts), min_prompt_bucket)
+  seg_len = sampler.sampling.segment_len
   groups = min(pow2_bucket(len(prompts)), b // n)
   tokens, lengths = pad_prompts(prompts, groups, t)
   slots = np.full((groups * n,), b, np.int32)
@@ -69,7 +70,10 @@ def generate(sampler: Sampler, params: nnx.State, prompts: Sequence[Sequence[int
   budgets = np.full((groups * n,), max_new_tokens, np.int32)
   forced = None if not sampler.n_forced else np.full((groups * n, sampler.n_forced), -1, np.int32)
 
-  state = sampler.init(bucket(t + max_new_tokens, 64), key)
+  # The cache grows with the rows (decode attends over every slot of it): a capacity bucket per segment.
+  cap_min = min(64, t)
+  capacity = lambda need: max(bucket(need, cap_min), t)
+  state = sampler.init(capacity(t + min(seg_len, max_new_tokens)), key)
   state, draw = sampler.prefill_groups(n, params, state, tokens, lengths, slots, budgets, forced)
   first = jax.device_get(draw)
   rows = len(prompts) * n
@@ -77,11 +81,15 @@ def generate(sampler: Sampler, params: nnx.State, prompts: Sequence[Sequence[int
   lr = [[float(first.logp_raw[i])] for i in range(rows)]
   ls = [[float(first.logp_sample[i])] for i in range(rows)]
   reason = [int(first.stop_reason[i]) for i in range(rows)]
-  seg_len = sampler.sampling.segment_len
   big = jnp.int32(np.iinfo(np.int32).max)
+  drawn = 1
   while any(r == StopReason.RUNNING for r in reason):
+    need = t + min(drawn + seg_len, max_new_tokens)
+    if need > state.capacity:
+      state = sampler.grow(state, capacity(need))
     state, seg = sampler.decode(params, state, jnp.int32(seg_len), big)
     seg = jax.device_get(seg)
+    drawn += seg_len
     for i in range(rows):
       k = int(seg.num[i])
       toks[i].extend(seg.tokens[i, :k].tolist())

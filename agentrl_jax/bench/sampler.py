@@ -1,0 +1,240 @@
+"""Sampler benchmark: ours vs `transformers` generate (torch CPU) vs Tunix's sampler; one JSON line per size.
+
+    python -m agentrl_jax.bench.sampler                                   # bench_5m and bench_58m
+    python -m agentrl_jax.bench.sampler --sizes tiny_qwen3 --new-tokens 16 --rounds 1   # smoke
+
+One random-weight Qwen3 per size is saved once as a HF directory (by transformers) and loaded by all three:
+ours (`hf_io.load_hf_checkpoint` -> `sampling.generate`), transformers (`generate`, sdpa attention, torch CPU)
+and Tunix (`tunix.generate.sampler.Sampler` on its own Qwen3 from the same safetensors, in .venv-tunix, as a
+subprocess: see sampler_tunix.py). Same prompts (B=16 x 64 random ids), 256 new tokens per row, sampling at
+temperature 1 with no top-k/top-p, no stop token (every row draws all 256), float32. Ours and Tunix also
+return per-token log-probs; HF does not (less work for HF).
+
+Each round, interleaved so all sides see the same machine load: matmul peak, memory bandwidth, ours, HF,
+Tunix. Compilation/warm-up happens before the rounds. torch runs with whichever of 1 thread or its default
+thread count is faster on a short calibration (on a shared 2-core machine, torch's 2 OpenMP threads spin
+against other processes: 15x slower here), reported as hf_threads.
+
+Fields: *_tok_s = B * new_tokens / seconds (median over rounds; *_min/_max spread); speedup_* = median of
+per-round ratios. roofline_frac = ideal / ours, ideal = prefill + sum over the 256 steps of
+max(FLOPs / matmul peak, bytes read / memory bandwidth), where FLOPs = 2 * matmul params * B (+ attention over
+the context so far) and bytes = every weight once (f32) + the K/V cache of the context so far; peak and
+bandwidth are measured in the same round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentrl_jax import testing
+from agentrl_jax.bench import common
+from agentrl_jax.models import hf_io
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.sampling import generate as generate_lib
+from agentrl_jax.sampling.config import SamplingConfig
+from agentrl_jax.sampling.sampler import TRACE_COUNTS, make_sampler
+
+
+def memory_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Best bytes/s of a jitted full read (sum) of an f32 array of `nbytes` (well beyond the L3 cache)."""
+    x = jnp.ones((nbytes // 4,), jnp.float32)
+    f = jax.jit(jnp.sum)
+    jax.block_until_ready(f(x))
+    return nbytes / min(common.timed(lambda: f(x)) for _ in range(repeats))
+
+
+def ideal_seconds(cfg: ModelConfig, batch: int, prompt_len: int, new_tokens: int, peak: float, bw: float) -> float:
+    """Roofline time of prefill + `new_tokens` decode steps (see the module docstring)."""
+    n_mm = common.matmul_params(cfg)
+    weights = 4.0 * cfg.param_count()
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4.0  # bytes per cached token (f32)
+    attn_per_ctx = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim  # QK + PV FLOPs per query per key
+    prefill_flops = batch * (2.0 * n_mm * prompt_len + attn_per_ctx * prompt_len * (prompt_len + 1) / 2)
+    total = max(prefill_flops / peak, weights / bw)
+    for step in range(1, new_tokens):  # the first token comes from the prefill
+        ctx = prompt_len + step
+        flops = batch * (2.0 * n_mm + attn_per_ctx * ctx)
+        read = weights + batch * ctx * kv_per_token
+        total += max(flops / peak, read / bw)
+    return total
+
+
+class TunixWorker:
+    """The sampler_tunix.py subprocess (protocol in its docstring)."""
+
+    def __init__(self, python: str, hf_dir: str, prompts_path: str, new_tokens: int):
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sampler_tunix.py")
+        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        self.proc = subprocess.Popen([python, script, "--hf-dir", hf_dir, "--prompts", prompts_path,
+                                      "--new-tokens", str(new_tokens)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.first = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"Tunix worker exited with code {self.proc.wait()} (its stderr is above)")
+        return json.loads(line)
+
+    def run(self, n: int) -> list[float]:
+        self.proc.stdin.write(f"run {n}\n")
+        self.proc.stdin.flush()
+        return self._read()["times"]
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=120)
+
+
+def _hf_generate(model, prompts: np.ndarray, new_tokens: int, seed: int):
+    import torch  # pylint: disable=import-outside-toplevel
+    torch.manual_seed(seed)
+    ids = torch.as_tensor(prompts, dtype=torch.long)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=True,
+                             temperature=1.0, top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=0)
+    assert out.shape == (prompts.shape[0], prompts.shape[1] + new_tokens), out.shape
+    return out
+
+
+def _hf_threads(model, prompts: np.ndarray) -> int:
+    """1 or torch's default thread count, whichever runs a short generate faster."""
+    import torch  # pylint: disable=import-outside-toplevel
+    default = torch.get_num_threads()
+    best = None
+    for threads in sorted({1, default}):
+        torch.set_num_threads(threads)
+        _hf_generate(model, prompts, 4, 0)
+        t = min(common.timed(lambda: _hf_generate(model, prompts, 8, 0)) for _ in range(2))
+        if best is None or t < best[0]:
+            best = (t, threads)
+    torch.set_num_threads(best[1])
+    return best[1]
+
+
+def run_size(size: str, args) -> dict:
+    cfg = ModelConfig.by_name(size)
+    b, plen, new = args.batch, args.prompt_len, args.new_tokens
+    workdir = tempfile.mkdtemp(prefix=f"bench_sampler_{size}_")
+    hf_dir = testing.save_random_hf_checkpoint(cfg, os.path.join(workdir, "hf"), seed=args.seed)
+    prompts = np.random.default_rng(args.seed).integers(1, cfg.vocab_size, (b, plen)).astype(np.int32)
+    prompts_path = os.path.join(workdir, "prompts.npy")
+    np.save(prompts_path, prompts)
+    out = {"bench": "sampler", "size": size, "params": cfg.param_count(), "batch": b, "prompt_len": plen,
+           "new_tokens": new, "dtype": "float32"}
+
+    # ---------------------------------------------------------------- ours
+    model = hf_io.load_hf_checkpoint(hf_dir)
+    graphdef, params = nnx.split(model)
+    sampler = make_sampler(graphdef, model.cfg, SamplingConfig(segment_len=args.segment_len), batch=b)
+    prompt_list = prompts.tolist()
+    ours_call = lambda seed: generate_lib.generate(sampler, params, prompt_list, key=jax.random.key(seed),
+                                                   max_new_tokens=new)
+    common.log(f"[bench.sampler] {size}: compiling ours")
+    traces0 = sum(TRACE_COUNTS.values())
+    t0 = time.perf_counter()
+    res = ours_call(0)
+    out["compile_s"] = time.perf_counter() - t0
+    out["traces"] = sum(TRACE_COUNTS.values()) - traces0
+    assert all(len(t) == new for t in res.tokens), [len(t) for t in res.tokens]
+
+    # ---------------------------------------------------------------- peers
+    hf = None
+    if not args.no_hf:
+        import torch  # pylint: disable=import-outside-toplevel
+        import transformers  # pylint: disable=import-outside-toplevel
+        hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+        out["hf_attn"] = hf.config._attn_implementation  # pylint: disable=protected-access
+        out["hf_threads"] = _hf_threads(hf, prompts)
+    worker = None
+    if not args.no_tunix:
+        python = common.tunix_python()
+        if python is None:
+            raise SystemExit(f"{common.TUNIX_VENV} is missing: create it with `python3.11 -m venv .venv-tunix && "
+                             f".venv-tunix/bin/pip install -r {common.TUNIX_REQUIREMENTS}` (or pass --no-tunix)")
+        common.log(f"[bench.sampler] {size}: starting Tunix (load + compile)")
+        worker = TunixWorker(python, hf_dir, prompts_path, new)
+        out["tunix_compile_s"] = worker.first["compile_s"]
+        assert all(n == new for n in worker.first["new_tokens_per_row"]), worker.first
+
+    # ---------------------------------------------------------------- rounds
+    tokens = b * new
+    rows = {k: [] for k in ("ours", "hf", "tunix", "peak", "bw", "ideal")}
+    try:
+        for r in range(args.rounds):
+            rows["peak"].append(common.matmul_peak_flops(args.matmul_n, repeats=args.matmul_repeats))
+            rows["bw"].append(memory_bandwidth())
+            rows["ideal"].append(ideal_seconds(cfg, b, plen, new, rows["peak"][-1], rows["bw"][-1]))
+            rows["ours"].append(min(common.timed(lambda: ours_call(1 + r * args.repeats + i).tokens)
+                                    for i in range(args.repeats)))
+            msg = (f"round {r}: peak {rows['peak'][-1] / 1e9:.0f} GFLOP/s, bw {rows['bw'][-1] / 1e9:.1f} GB/s, "
+                   f"ideal {rows['ideal'][-1]:.3f} s, ours {rows['ours'][-1]:.3f} s")
+            if hf is not None:
+                rows["hf"].append(min(common.timed(lambda: _hf_generate(hf, prompts, new, r * args.repeats + i))
+                                      for i in range(args.repeats)))
+                msg += f", hf {rows['hf'][-1]:.3f} s"
+            if worker is not None:
+                rows["tunix"].append(min(worker.run(args.repeats)))
+                msg += f", tunix {rows['tunix'][-1]:.3f} s"
+            common.log(f"[bench.sampler] {size} " + msg)
+    finally:
+        if worker is not None:
+            worker.close()
+
+    med = statistics.median
+    tok_s = lambda xs: [tokens / x for x in xs]  # noqa: E731
+    out["ours_tok_s"] = med(tok_s(rows["ours"]))
+    out["ours_tok_s_min"], out["ours_tok_s_max"] = min(tok_s(rows["ours"])), max(tok_s(rows["ours"]))
+    for peer in ("hf", "tunix"):
+        if rows[peer]:
+            ratios = [p / o for p, o in zip(rows[peer], rows["ours"])]
+            out[f"{peer}_tok_s"] = med(tok_s(rows[peer]))
+            out[f"speedup_{peer}"] = med(ratios)
+            out[f"speedup_{peer}_min"], out[f"speedup_{peer}_max"] = min(ratios), max(ratios)
+        else:
+            out[f"{peer}_tok_s"] = None
+    fracs = [i / o for i, o in zip(rows["ideal"], rows["ours"])]
+    out["roofline_frac"] = med(fracs)
+    out["roofline_frac_min"], out["roofline_frac_max"] = min(fracs), max(fracs)
+    out["peak_gflops"] = med(rows["peak"]) / 1e9
+    out["mem_gbs"] = med(rows["bw"]) / 1e9
+    out["ideal_step_ms"] = med(rows["ideal"]) / new * 1e3
+    out["ours_step_ms"] = med(rows["ours"]) / new * 1e3
+    out["rounds"] = args.rounds
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="bench_5m,bench_58m")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--segment-len", type=int, default=64, help="decode steps per compiled call")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=2, help="timed calls per round for ours and Tunix (best kept)")
+    p.add_argument("--matmul-n", type=int, default=2048)
+    p.add_argument("--matmul-repeats", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-hf", action="store_true")
+    p.add_argument("--no-tunix", action="store_true")
+    args = p.parse_args(argv)
+    for size in args.sizes.split(","):
+        print(json.dumps(run_size(size, args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
