@@ -6,7 +6,8 @@
 """
 
 from agentrl_jax.data.builders import PreparedDataset, SourceConfig, prepare
-from agentrl_jax.data.pipeline import PipelineConfig, conversation_batches, num_batches, prompt_batches
+from agentrl_jax.data.pipeline import (PipelineConfig, all_prompt_records, conversation_batches, num_batches,
+                                      prompt_batches)
 from agentrl_jax.data.prompts import PromptStyle, PromptTemplate, apply_prompt_style
 from agentrl_jax.data.records import Conversation, PromptRecord
 
@@ -18,6 +19,7 @@ __all__ = [
     "PromptStyle",
     "PromptTemplate",
     "SourceConfig",
+    "all_prompt_records",
     "apply_prompt_style",
     "conversation_batches",
     "num_batches",

@@ -148,3 +148,10 @@ def prompt_batches(source: Sequence[Any], config: PipelineConfig,
 def conversation_batches(source: Sequence[Any], config: PipelineConfig) -> grain.IterDataset:
   """Batches of `Conversation`s (python lists) from a prepared SFT dataset; see `prompt_batches`."""
   return _batches(source, config, rec.conversation_from_features)
+
+
+def all_prompt_records(source: Sequence[Any], style: prompts_lib.PromptStyle | None = None,
+                       limit: int | None = None) -> list[rec.PromptRecord]:
+  """Every record of a prepared prompt dataset in file order (evaluation sets are small and read whole)."""
+  n = len(source) if limit is None else min(limit, len(source))
+  return [_decode_prompt(source[i], style) for i in range(n)]

@@ -77,6 +77,13 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=axis_types)
 
 
+def mesh_from_config(block) -> Mesh:
+  """The mesh of a config's `mesh` block: data / fsdp / tensor sizes and `num_devices` (0 = all devices)."""
+  sizes = dict(block)
+  num_devices = sizes.pop("num_devices", 0)
+  return make_mesh(**sizes, devices=jax.devices()[:num_devices or None])
+
+
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int] | None = None,
                     mesh: Mesh | jax.sharding.AbstractMesh | None = None) -> P:
   """Maps logical dimension names to a PartitionSpec through `LOGICAL_RULES`.

@@ -1,0 +1,130 @@
+"""Evaluation with the tool loop: n samples per problem -> avg@k / pass@k / maj@k per source, every rollout saved.
+
+`evaluate` is what the RL trainer calls periodically; `run` is the standalone job
+(`python -m agentrl_jax.main --config=configs/eval_demystify.py --workdir=DIR`), which loads a checkpoint (ours
+or a HF directory), evaluates every configured source, prints the metrics and writes `eval_metrics.json` and
+`eval_rollouts.jsonl` under the workdir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+
+from flax import nnx
+import jax
+import ml_collections
+
+from agentrl_jax import data, rewards
+from agentrl_jax.data.records import PromptRecord
+from agentrl_jax.evaluation import metrics as metrics_lib
+from agentrl_jax.models import loading
+from agentrl_jax.models import sharding as sharding_lib
+from agentrl_jax.rl import batch as batch_lib
+from agentrl_jax.rollout import engine as engine_lib
+from agentrl_jax.tools import base as tools_base
+
+log = logging.getLogger(__name__)
+# Evaluation scores the outcome only: no overlong penalty, no tool-call shaping.
+_NO_SHAPING = rewards.ShapingConfig(max_response_tokens=1, overlong_buffer_tokens=0, tool_call_bonus=0.0)
+
+
+def evaluate(engine: engine_lib.RolloutEngine, params: nnx.State, records: Sequence[PromptRecord], *, n: int,
+             key: jax.Array, reward_cfg: rewards.RewardConfig, ks: Sequence[int]) -> tuple[dict, list[dict]]:
+  """Samples n episodes per record with the tool loop and scores them.
+
+  Returns:
+    `(metrics, rows)`: metrics as `evaluation.metrics.compute_metrics` names them ('<source>/pass@k', ...) plus
+    'eval/skipped_prompts' and timing; one row per episode (prompt, transcript, prediction, correctness, tool use).
+  """
+  t0 = time.perf_counter()
+  prompts = engine.render(records)
+  if not prompts.ids:
+    raise ValueError("evaluate: every prompt was longer than max_prompt_len")
+  episodes, stats = engine.run(params, prompts.ids, n=n, key=key)
+  scored = batch_lib.score_episodes(episodes, prompts.records, tokenizer=engine.tokenizer, executor=engine.executor,
+                                    reward_cfg=reward_cfg, shaping_cfg=_NO_SHAPING)
+  samples, rows = [], []
+  for i, e in enumerate(episodes):
+    rec = prompts.records[e.group]
+    pred = scored.pred[i]
+    samples.append(metrics_lib.EvalSample(
+        data_source=rec.data_source, prompt_id=rec.index, acc=bool(scored.acc[i]), score=float(scored.score[i]),
+        answer_key=rewards.answer_key(rec.data_source, pred, reward_cfg) if pred else None,
+        n_tool_calls=e.num_tool_calls, n_tool_ok=e.num_tool_calls - e.num_failed_calls,
+        response_tokens=e.response_len))
+    rows.append({"data_source": rec.data_source, "index": rec.index, "sample": e.sample,
+                 "ground_truth": rec.ground_truth, "pred": pred, "acc": bool(scored.acc[i]),
+                 "score": float(scored.score[i]), "info": scored.info[i], "num_tool_calls": e.num_tool_calls,
+                 "num_failed_calls": e.num_failed_calls, "stop_reason": e.stop_reason,
+                 "response_tokens": e.response_len, "transcript": e.transcript})
+  out = metrics_lib.compute_metrics(samples, ks=[k for k in ks if k <= n])
+  out["eval/skipped_prompts"] = float(len(prompts.skipped))
+  out["eval/wall_s"] = time.perf_counter() - t0
+  out["eval/generated_tokens"] = float(stats.generated_tokens)
+  return out, rows
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSource:
+  """One evaluation set: a local file in a published schema."""
+
+  name: str
+  path: str
+  schema: str
+  limit: int = 0  # evaluate the first `limit` problems only (0 = all)
+
+
+def load_sources(sources: Sequence[dict], data_dir: str, style: data.PromptStyle) -> list[PromptRecord]:
+  """Builds (once, cached under `data_dir`) and reads every configured source; a missing file is a ValueError."""
+  records = []
+  for s in sources:
+    src = EvalSource(**dict(s))
+    prep = data.prepare(data.SourceConfig(path=src.path, schema=src.schema, data_dir=data_dir, skip_malformed=True))
+    if prep.num_skipped:
+      log.warning("eval: %s: %d malformed rows skipped", src.name, prep.num_skipped)
+    records += data.all_prompt_records(prep.data_source, style, limit=src.limit or None)
+  return records
+
+
+def prompt_style(block: ml_collections.ConfigDict | None) -> data.PromptStyle:
+  """`data.PromptStyle` from a config's `prompt_style` block: extra `(substring, template)` rules first."""
+  if block is None:
+    return data.PromptStyle()
+  rules = tuple(tuple(r) for r in block.get("extra_rules", ())) + data.PromptStyle().rules
+  return data.PromptStyle(rules=rules, default=block.get("default", "math_units"))
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """The standalone evaluation job (module docstring)."""
+  root = jax.random.key(config.seed)
+  init_key, sample_key = jax.random.split(root)
+  mesh = sharding_lib.mesh_from_config(config.mesh)
+  tokenizer, model = loading.load_policy(config.model, mesh, init_key)
+  graphdef, params = nnx.split(model)
+  executor = tools_base.make_executor(engine_lib.tool_config(config.tools))
+  ev = config.eval
+  engine = engine_lib.RolloutEngine.create(
+      graphdef, model.cfg, tokenizer, executor, engine_lib.rollout_config(config.rollout), temperature=ev.temperature,
+      top_p=ev.top_p, top_k=ev.top_k, advertise_tools=config.rollout.advertise_tools, mesh=mesh, params=params)
+  records = load_sources(ev.sources, config.data_dir or os.path.join(workdir, "tfds"),
+                         prompt_style(config.get("prompt_style")))
+  log.info("eval: %d problems x %d samples", len(records), ev.n)
+  try:
+    metrics, rows = evaluate(engine, params, records, n=ev.n, key=sample_key,
+                             reward_cfg=rewards.RewardConfig(math_mode=config.reward.math_mode), ks=ev.ks)
+  finally:
+    executor.close()
+  with open(os.path.join(workdir, "eval_rollouts.jsonl"), "w") as f:
+    for row in rows:
+      f.write(json.dumps(row) + "\n")
+  with open(os.path.join(workdir, "eval_metrics.json"), "w") as f:
+    json.dump(metrics, f, indent=2, sort_keys=True)
+  for name in sorted(metrics):
+    if "@" in name or name.endswith(("tool_calls_mean", "tool_success_rate", "response_tokens_mean")):
+      print(f"{name:40s} {metrics[name]:.4f}")
+  return metrics

@@ -1,0 +1,100 @@
+"""Building the policy from a config's `model` block, shared by every job (SFT, RL, eval, collection).
+
+The block's fields (all jobs use the same ones):
+
+    size            a `ModelConfig` size name (`tiny_qwen3`, `qwen3_4b`, ...) for random init (tests, benchmarks)
+    hf_path         a local HF checkpoint directory (config.json + safetensors); wins over `size`
+    checkpoint      an Orbax checkpoint directory of one of our runs (`<workdir>/checkpoints`); wins over both
+    checkpoint_step which step of `checkpoint` (0 = the latest)
+    tokenizer_path  tokenizer directory; default `hf_path`, else the tiny local BPE tokenizer
+    param_dtype, dtype, remat   overrides of the ModelConfig fields ("" = keep)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from flax import nnx
+import jax
+import ml_collections
+
+from agentrl_jax.models import hf_io
+from agentrl_jax.models import sharding as sharding_lib
+from agentrl_jax.models import tokenizer as tok_lib
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.qwen import Qwen
+
+log = logging.getLogger(__name__)
+_OVERRIDES = ("param_dtype", "dtype", "remat")
+
+
+def tokenizer_and_config(m: ml_collections.ConfigDict):
+  """The tokenizer and the `ModelConfig` the block describes (nothing is allocated)."""
+  overrides = {k: m[k] for k in _OVERRIDES if m.get(k) not in (None, "")}
+  tok_path = m.get("tokenizer_path") or m.get("hf_path")
+  if tok_path:
+    tokenizer = tok_lib.load_tokenizer(tok_path)
+  else:
+    from agentrl_jax import testing  # the tiny BPE tokenizer with Qwen's special tokens, built locally
+
+    tokenizer = testing.tiny_tokenizer()
+  if m.get("checkpoint"):
+    from agentrl_jax import checkpoint as ckpt_lib
+
+    return tokenizer, ckpt_lib.model_config_of(m.checkpoint, step=m.get("checkpoint_step") or None).replace(
+        **overrides)
+  if m.get("hf_path"):
+    return tokenizer, ModelConfig.from_hf_config(m.hf_path, **overrides)
+  return tokenizer, ModelConfig.by_name(m.size, vocab_size=len(tokenizer), **overrides)
+
+
+def init_model(cfg: ModelConfig, key: jax.Array, mesh: jax.sharding.Mesh) -> Qwen:
+  """A randomly initialised model, created by one compiled function straight into its shardings (an eager
+  init runs every op separately and would build a large model in one device's memory first)."""
+  graphdef, abstract = nnx.split(hf_io.abstract_model(cfg))
+  shardings = sharding_lib.state_shardings(abstract, mesh)
+  state = jax.jit(lambda k: nnx.state(Qwen(cfg, rngs=nnx.Rngs(params=k))), out_shardings=shardings)(key)
+  return nnx.merge(graphdef, state)
+
+
+def load_params_from_checkpoint(path: str | os.PathLike, cfg: ModelConfig, mesh: jax.sharding.Mesh, *,
+                                step: int | None = None) -> Qwen:
+  """The model with params restored from one of our Orbax checkpoints (optimizer state is not read)."""
+  from agentrl_jax import checkpoint as ckpt_lib
+
+  graphdef, abstract = nnx.split(hf_io.abstract_model(cfg))
+  target = ckpt_lib.abstract_state(abstract, sharding_lib.state_shardings(abstract, mesh))
+  with ckpt_lib.Checkpointer(path) as ckpt:
+    restored, _ = ckpt.restore({"train": {"params": target}}, step=step)
+  return nnx.merge(graphdef, restored["train"]["params"])
+
+
+def load_policy(m: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, key: jax.Array):
+  """(tokenizer, model) for a `model` config block, with params placed in their shardings on `mesh`."""
+  tokenizer, cfg = tokenizer_and_config(m)
+  if m.get("checkpoint"):
+    model = load_params_from_checkpoint(m.checkpoint, cfg, mesh, step=m.get("checkpoint_step") or None)
+    source = f"checkpoint {m.checkpoint}"
+  elif m.get("hf_path"):
+    model = hf_io.load_hf_checkpoint(m.hf_path, cfg, mesh=mesh)
+    source = f"HF directory {m.hf_path}"
+  else:
+    model = init_model(cfg, key, mesh)
+    source = f"random init ({m.size})"
+  if len(tokenizer) > cfg.vocab_size:
+    raise ValueError(f"model.tokenizer_path: tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
+                     f"{cfg.vocab_size}")
+  log.info("policy: %s %s, %s params, from %s", cfg.family, cfg.param_dtype, f"{cfg.param_count():,}", source)
+  return tokenizer, model
+
+
+def model_block(**kw) -> ml_collections.ConfigDict:
+  """A `model` config block with every field present (configs override what they need)."""
+  block = dict(size="tiny_qwen3", hf_path="", checkpoint="", checkpoint_step=0, tokenizer_path="", param_dtype="",
+               dtype="", remat=False)
+  unknown = set(kw) - set(block)
+  if unknown:
+    raise ValueError(f"model_block: unknown fields {sorted(unknown)}")
+  block.update(kw)
+  return ml_collections.ConfigDict(block)

@@ -1,0 +1,130 @@
+"""Host side of one RL step between the rollout and the update: rewards, groups, and the update batch.
+
+    scored = score_episodes(episodes, records, tokenizer=tok, executor=ex, reward_cfg=..., shaping_cfg=...)
+    keep = informative_groups(scored.reward, n)                   # dynamic sampling (optional)
+    batch = update_batch(collate(episodes), advantages)           # token-aligned arrays for rl.update
+
+Scoring runs the reward functions in a thread pool: code rewards wait on the sandbox, and a crashing scorer
+becomes score 0 with a message (`rewards.compute_score`), so a bad response never stops the run.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from agentrl_jax import rewards
+from agentrl_jax.data.records import PromptRecord
+from agentrl_jax.rollout.episode import STOP_LENGTH, Episode
+
+
+@dataclasses.dataclass
+class Scored:
+  """Per-episode reward information, arrays of length E (episodes in rollout order).
+
+  Attributes:
+    score: outcome score of the reward function (e.g. +1 / -1 for math in strict mode).
+    acc: whether the answer was judged correct.
+    reward: the training reward: `score` after tool-call shaping and the overlong penalty.
+    overlong_penalty: the overlong part of `reward` (<= 0).
+    truncated: the episode hit its response budget.
+    pred: the extracted answer of each episode (for logs and majority voting).
+    info: scorer messages (empty when all went well).
+    response_text: the decoded response (model and tool tokens), what the scorer read.
+  """
+
+  score: np.ndarray
+  acc: np.ndarray
+  reward: np.ndarray
+  overlong_penalty: np.ndarray
+  truncated: np.ndarray
+  pred: list[str]
+  info: list[str]
+  response_text: list[str]
+
+  def select(self, indices) -> Scored:
+    """The entries at `indices` (in that order)."""
+    idx = np.asarray(indices, dtype=np.int64)
+    return Scored(**{f.name: (v[idx] if isinstance(v := getattr(self, f.name), np.ndarray) else [v[i] for i in idx])
+                     for f in dataclasses.fields(self)})
+
+  @staticmethod
+  def concat(parts: Sequence[Scored]) -> Scored:
+    return Scored(**{f.name: (np.concatenate([getattr(p, f.name) for p in parts])
+                              if isinstance(getattr(parts[0], f.name), np.ndarray)
+                              else [x for p in parts for x in getattr(p, f.name)])
+                     for f in dataclasses.fields(Scored)})
+
+
+def response_text(tokenizer, episode: Episode) -> str:
+  return tokenizer.decode(episode.response_ids.tolist(), skip_special_tokens=False)
+
+
+def score_episodes(episodes: Sequence[Episode], records: Sequence[PromptRecord], *, tokenizer, executor,
+                   reward_cfg: rewards.RewardConfig, shaping_cfg: rewards.ShapingConfig,
+                   max_workers: int = 8) -> Scored:
+  """Scores every episode against the record of its group (`episode.group` indexes `records`)."""
+  texts = [response_text(tokenizer, e) for e in episodes]
+
+  def one(i: int) -> rewards.RewardResult:
+    rec = records[episodes[i].group]
+    return rewards.compute_score(rec.data_source, texts[i], rec.ground_truth, rec.extra_info, executor=executor,
+                                 cfg=reward_cfg)
+
+  with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
+    results = list(pool.map(one, range(len(episodes))))
+  score = np.array([r.score for r in results], np.float32)
+  lengths = np.array([e.response_len for e in episodes])
+  penalty = np.asarray(rewards.shaping.overlong_penalty(lengths, shaping_cfg.max_response_tokens,
+                                                        shaping_cfg.overlong_buffer_tokens,
+                                                        shaping_cfg.overlong_penalty_factor), np.float32)
+  shaped = np.array([rewards.shaping.shape(r.score, n_tool_calls=e.num_tool_calls, response_tokens=e.response_len,
+                                           cfg=shaping_cfg) for r, e in zip(results, episodes)], np.float32)
+  return Scored(score=score, acc=np.array([bool(r.acc) for r in results]), reward=shaped,
+                overlong_penalty=penalty, truncated=np.array([e.stop_reason == STOP_LENGTH for e in episodes]),
+                pred=[r.pred for r in results], info=[r.info for r in results], response_text=texts)
+
+
+def informative_groups(score: np.ndarray, n: int) -> np.ndarray:
+  """Boolean `[G]`: groups (consecutive runs of n episodes) whose outcome scores are not all equal.
+
+  A group whose samples are all right (or all wrong) teaches nothing but dilutes the token-mean; DAPO's dynamic
+  sampling drops such groups and draws more prompts instead. The outcome score decides, not the shaped reward:
+  an overlong penalty alone does not make a group informative about correctness.
+  """
+  r = np.asarray(score).reshape(-1, n)
+  return ~np.all(np.isclose(r, r[:, :1]), axis=1)
+
+
+def update_batch(collated: dict[str, np.ndarray], advantages: np.ndarray) -> dict[str, np.ndarray]:
+  """Token-aligned arrays for `rl.update` from `rollout.collate` output and per-episode advantages.
+
+  `collate` lays each row out as prompt then response in `input_ids` (the response starts at `prompt_lens[b]`),
+  with response-aligned masks; this places the loss mask and sampler log-probs at the same offsets.
+
+  Returns:
+    tokens [B, T], loss_mask [B, T], sampler_logp [B, T], advantages [B] (0 on padding rows).
+  """
+  tokens = collated["input_ids"]
+  b, t = tokens.shape
+  r = collated["response_ids"].shape[1]
+  cols = collated["prompt_lens"][:, None] + np.arange(r)[None, :]  # [B, R] positions in the full row
+  rows = np.broadcast_to(np.arange(b)[:, None], (b, r))
+  inside = cols < t
+  loss_mask = np.zeros((b, t), np.float32)
+  sampler_logp = np.zeros((b, t), np.float32)
+  loss_mask[rows[inside], cols[inside]] = collated["loss_mask"][inside]
+  sampler_logp[rows[inside], cols[inside]] = collated["logp_raw"][inside]
+  adv = np.zeros((b,), np.float32)
+  adv[:len(advantages)] = advantages
+  adv *= collated["valid"]
+  return {"tokens": tokens, "loss_mask": loss_mask, "sampler_logp": sampler_logp, "advantages": adv}
+
+
+def split_minibatches(batch: dict[str, np.ndarray], size: int) -> list[dict[str, np.ndarray]]:
+  """Consecutive slices of `size` rows (the last one may be shorter only if B is not a multiple of size)."""
+  b = next(iter(batch.values())).shape[0]
+  return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, b, size)]

@@ -1,0 +1,295 @@
+"""The agentic RL trainer: `python -m agentrl_jax.main --config=configs/demystify_qwen3_4b.py --workdir=DIR`.
+
+One function, `run(config, workdir)`, in the sections of big_vision's train.py. One step:
+
+    prompts (grain) -> chat template -> multi-turn rollouts with the code tool (n per prompt, one prefill each)
+    -> rewards + tool-call shaping + overlong penalty -> [dynamic sampling: drop groups of equal rewards, draw
+    more prompts] -> group advantages -> old log-probs (recomputed, or the sampler's) -> one compiled update per
+    mini-batch -> metrics, samples, periodic evaluation, checkpoint.
+
+The sampler reads the trainer's params directly; there is no weight sync. A run killed at any point resumes
+from its latest checkpoint with the same config and workdir: the checkpoint holds the train state, the grain
+iterator position, the PRNG key and the counters. With `rollout.overlap_tools=False` and a deterministic tool,
+every step is a deterministic function of those, so the resumed run reaches the same params bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from agentrl_jax import checkpoint as ckpt_lib
+from agentrl_jax import data, metrics_writer, rewards
+from agentrl_jax.evaluation import runner as eval_runner
+from agentrl_jax.models import loading
+from agentrl_jax.models import sharding as sharding_lib
+from agentrl_jax.rl import advantages as adv_lib
+from agentrl_jax.rl import batch as batch_lib
+from agentrl_jax.rl import losses
+from agentrl_jax.rl import update as update_lib
+from agentrl_jax.rollout import engine as engine_lib
+from agentrl_jax.rollout.episode import collate
+from agentrl_jax.tasks import arithmetic, digits
+from agentrl_jax.tools import base as tools_base
+
+log = logging.getLogger(__name__)
+
+
+def _train_source(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """The training prompt file: `data.train_path`, or the embedded arithmetic task written into the workdir."""
+  if config.data.train_path:
+    return config.data.train_path
+  if not config.data.toy_problems:
+    raise ValueError("config.data.train_path is empty and config.data.toy_problems is 0: no prompts to train on")
+  path = os.path.join(workdir, f"toy_{config.data.toy_task}.parquet")
+  if os.path.exists(path):
+    return path
+  if config.data.toy_task == "arithmetic":
+    problems = arithmetic.make_problems(config.data.toy_problems, levels=tuple(config.data.toy_levels),
+                                        seed=config.seed)
+    arithmetic.write_rl_parquet(path, problems)
+  elif config.data.toy_task == "digits":
+    import pandas as pd
+
+    pd.DataFrame(digits.rl_rows(config.data.toy_problems)).to_parquet(path)
+  else:
+    raise ValueError(f"config.data.toy_task: unknown {config.data.toy_task!r} (arithmetic, digits)")
+  return path
+
+
+def _mean(xs):
+  return float(np.mean(xs)) if len(xs) else 0.0
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains; returns the metrics of the last step."""
+  # ---------------------------------------------------------------------------------------------- config
+  rl = config.rl
+  loss_cfg = losses.LossConfig(**rl.loss)
+  adv_cfg = adv_lib.AdvantageConfig(**rl.advantage)
+  reward_cfg = rewards.RewardConfig(math_mode=config.reward.math_mode,
+                                    sources=tuple(tuple(s) for s in config.reward.get("sources", ())))
+  shaping_cfg = rewards.ShapingConfig(
+      max_response_tokens=config.rollout.max_response_len, overlong_buffer_tokens=config.reward.overlong_buffer_tokens,
+      overlong_penalty_factor=config.reward.overlong_penalty_factor, tool_call_bonus=config.reward.tool_call_bonus,
+      tool_call_cap=config.reward.tool_call_cap)
+  rollout_cfg = engine_lib.rollout_config(config.rollout)
+  ckpt_cfg = ckpt_lib.CheckpointConfig(**config.checkpoint)
+  n = rl.n
+  mini_rows = rl.mini_batch_prompts * n
+  if rl.prompts_per_step % rl.mini_batch_prompts:
+    raise ValueError(f"rl.prompts_per_step={rl.prompts_per_step} is not a multiple of rl.mini_batch_prompts="
+                     f"{rl.mini_batch_prompts}")
+  if mini_rows % rl.micro_batch_size:
+    raise ValueError(f"rl.micro_batch_size={rl.micro_batch_size} must divide the mini-batch of "
+                     f"{mini_rows} episodes (mini_batch_prompts x n)")
+  # Named keys from one root: init (random weights), sample (rollouts), update; each folded with the step.
+  root = jax.random.key(config.seed)
+  init_key, sample_key, eval_key, update_key = jax.random.split(root, 4)
+  mesh = sharding_lib.mesh_from_config(config.mesh)
+
+  # ---------------------------------------------------------------------------------------------- data
+  style = eval_runner.prompt_style(config.get("prompt_style"))
+  data_dir = config.data.data_dir or os.path.join(workdir, "tfds")
+  prepared = data.prepare(data.SourceConfig(path=_train_source(config, workdir), schema=config.data.train_schema,
+                                            data_dir=data_dir, skip_malformed=config.data.skip_malformed))
+  pipe_cfg = data.PipelineConfig(batch_size=rl.prompts_per_step, seed=config.seed, shuffle=config.data.shuffle)
+  data_iter = iter(data.prompt_batches(prepared.data_source, pipe_cfg, style=style))
+  steps_per_epoch = max(prepared.num_examples // rl.prompts_per_step, 1)
+  total_steps = rl.total_steps or rl.total_epochs * steps_per_epoch
+  eval_records = eval_runner.load_sources(config.eval.sources, data_dir, style) if config.eval.sources else []
+  log.info("rl: %d prompts (%d malformed skipped), %d per step x %d samples, %d steps; %d eval problems",
+           prepared.num_examples, prepared.num_skipped, rl.prompts_per_step, n, total_steps, len(eval_records))
+
+  # ---------------------------------------------------------------------------------------------- model & state
+  opt_cfg = update_lib.OptimizerConfig(**config.optimizer)
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), ckpt_cfg)
+  replicated = jax.sharding.NamedSharding(mesh, jax.P())
+  counters = {"episodes": 0, "prompts": 0, "skipped_prompts": 0, "dropped_groups": 0, "generated_tokens": 0}
+  tokenizer, model_cfg = loading.tokenizer_and_config(config.model)
+  ref_params = None
+  if ckpt.latest_step() is None:
+    tokenizer, model = loading.load_policy(config.model, mesh, init_key)
+    graphdef, state = update_lib.init_train_state(model, opt_cfg, mesh)
+    del model
+    rng, step = jax.device_put(root, replicated), 0
+  else:
+    graphdef, abstract = update_lib.abstract_train_state(model_cfg, opt_cfg, mesh)
+    target = {"train": abstract, "rng": jax.ShapeDtypeStruct(root.shape, root.dtype, sharding=replicated)}
+    restored, meta = ckpt.restore(target, data_iterator=data_iter)
+    state, rng, step = restored["train"], restored["rng"], meta["step"]
+    counters.update(meta.get("counters", {}))
+    log.info("rl: resumed at step %d of %d", step, total_steps)
+  if loss_cfg.needs_reference:  # the KL term's frozen reference: the initial policy (loaded only when KL is on)
+    _, ref_model = loading.load_policy(config.model, mesh, init_key)
+    ref_params = nnx.state(ref_model)
+    del ref_model
+  shardings = update_lib.train_state_shardings(state, mesh)
+  update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh, micro_batch_size=rl.micro_batch_size,
+                                     temperature=config.rollout.temperature,
+                                     logits_chunk_size=rl.logits_chunk_size or None)
+  logprobs = update_lib.make_logprobs_fn(graphdef, shardings.params, mesh, micro_batch_size=rl.micro_batch_size,
+                                         temperature=config.rollout.temperature,
+                                         logits_chunk_size=rl.logits_chunk_size or None)
+  executor = tools_base.make_executor(engine_lib.tool_config(config.tools))
+  engine = engine_lib.RolloutEngine.create(
+      graphdef, model_cfg, tokenizer, executor, rollout_cfg, temperature=config.rollout.temperature,
+      top_p=config.rollout.top_p, top_k=config.rollout.top_k, advertise_tools=config.rollout.advertise_tools,
+      mesh=mesh, params=state.params)
+  eval_engine = None
+  if eval_records:
+    ev = config.eval
+    eval_engine = engine_lib.RolloutEngine.create(
+        graphdef, model_cfg, tokenizer, executor, rollout_cfg, temperature=ev.temperature, top_p=ev.top_p,
+        top_k=ev.top_k, advertise_tools=config.rollout.advertise_tools, mesh=mesh, params=state.params)
+  bsh = update_lib.batch_sharding(mesh)
+  pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+  meta = {"model_config": dataclasses.asdict(model_cfg), "total_steps": total_steps}
+
+  def save(step, force=False):
+    return ckpt.maybe_save(step, {"train": state, "rng": rng}, data_iterator=data_iter, force=force,
+                           metadata={**meta, "counters": counters})
+
+  def run_eval(step):
+    metrics, rows = eval_runner.evaluate(eval_engine, state.params, eval_records, n=config.eval.n,
+                                         key=jax.random.fold_in(eval_key, step), reward_cfg=reward_cfg,
+                                         ks=config.eval.ks)
+    writer.write(step, {f"eval/{k}" if not k.startswith("eval/") else k: v for k, v in metrics.items()})
+    writer.write_samples(step, [dict(r, kind="eval") for r in rows[:config.eval.samples_to_log]])
+    return metrics
+
+  # ---------------------------------------------------------------------------------------------- loop
+  writer = metrics_writer.MetricsWriter(workdir, start_step=step, config=config.to_dict(),
+                                        wandb_project=config.get("wandb_project") or None)
+  bar = metrics_writer.progress_bar(total_steps, initial=step, desc="rl")
+  last: dict[str, float] = {}
+  try:
+    if eval_engine is not None and step == 0 and config.eval.at_start:
+      run_eval(0)
+    while step < total_steps:
+      t_step = time.perf_counter()
+      # ---- rollouts (+ dynamic sampling rounds)
+      episodes, records, scored_parts, times = [], [], [], {"rollout": 0.0, "tools": 0.0, "scoring": 0.0}
+      rounds, informative_total, groups_seen = 0, 0, 0
+      while True:
+        rendered = engine.render(next(data_iter))
+        counters["skipped_prompts"] += len(rendered.skipped)
+        if rendered.ids:
+          t0 = time.perf_counter()
+          eps, stats = engine.run(state.params, rendered.ids, n=n,
+                                  key=jax.random.fold_in(jax.random.fold_in(sample_key, step), rounds))
+          times["rollout"] += time.perf_counter() - t0
+          times["tools"] += stats.tool_wait_s
+          counters["generated_tokens"] += stats.generated_tokens
+          t0 = time.perf_counter()
+          scored = batch_lib.score_episodes(eps, rendered.records, tokenizer=tokenizer, executor=executor,
+                                            reward_cfg=reward_cfg, shaping_cfg=shaping_cfg,
+                                            max_workers=config.tools.max_concurrency or 8)
+          times["scoring"] += time.perf_counter() - t0
+          keep = batch_lib.informative_groups(scored.score, n)
+          groups_seen += len(keep)
+          informative_total += int(keep.sum())
+          if not rl.dynamic_sampling:
+            keep[:] = True
+          counters["dropped_groups"] += int((~keep).sum())
+          for g in np.flatnonzero(keep):
+            idx = slice(g * n, (g + 1) * n)
+            base = len(records)
+            records.append(rendered.records[g])
+            for e in eps[idx]:
+              episodes.append(dataclasses.replace(e, group=base))
+            scored_parts.append(scored.select(range(g * n, (g + 1) * n)))
+        rounds += 1
+        if (not rl.dynamic_sampling or len(records) >= rl.prompts_per_step
+            or rounds > rl.dynamic_sampling_max_extra_rounds):
+          break
+      if not records:
+        log.warning("rl: step %d: no informative group after %d rounds; skipping the update", step + 1, rounds)
+        step += 1
+        bar.update(1)
+        continue
+      if len(records) > rl.prompts_per_step:  # dynamic sampling overshot: keep a full batch, as DAPO does
+        records, episodes = records[:rl.prompts_per_step], episodes[:rl.prompts_per_step * n]
+        scored_parts = scored_parts[:rl.prompts_per_step]
+      sc = batch_lib.Scored.concat(scored_parts)
+      counters["episodes"] += len(episodes)
+      counters["prompts"] += len(records)
+
+      # ---- advantages and the update batch
+      group_ids = np.repeat(np.arange(len(records)), n)
+      adv = np.asarray(adv_lib.compute_advantages(jnp.asarray(sc.reward), jnp.asarray(group_ids), adv_cfg))
+      collated = collate(episodes, pad_id=pad_id, prompt_bucket_min=rollout_cfg.prompt_bucket_min,
+                         response_bucket_min=rl.response_bucket_min, batch_multiple=mini_rows)
+      full = batch_lib.update_batch(collated, adv)
+
+      # ---- old (and reference) log-probs, then one update per mini-batch
+      t0 = time.perf_counter()
+      minis = []
+      for mb in batch_lib.split_minibatches(full, mini_rows):
+        arrays = {k: jax.device_put(v, bsh) for k, v in mb.items()}
+        if rl.reuse_sampler_logp:
+          arrays["old_logp"] = arrays["sampler_logp"]
+        else:
+          arrays["old_logp"] = logprobs(state.params, {"tokens": arrays["tokens"]})
+        if ref_params is not None:
+          arrays["ref_logp"] = logprobs(ref_params, {"tokens": arrays["tokens"]})
+        if loss_cfg.tis_cap is None:
+          arrays.pop("sampler_logp")
+        minis.append(arrays)
+      times["logprobs"] = time.perf_counter() - t0
+      t0 = time.perf_counter()
+      updates = []
+      for epoch in range(rl.epochs_per_batch):
+        for i, arrays in enumerate(minis):
+          key = jax.random.fold_in(jax.random.fold_in(update_key, step), epoch * len(minis) + i)
+          state, m = update(state, arrays, key)
+          updates.append(m)
+      updates = jax.device_get(updates)
+      times["update"] = time.perf_counter() - t0
+      step += 1
+      bar.update(1)
+
+      # ---- metrics, samples, evaluation, checkpoint
+      calls = sum(e.num_tool_calls for e in episodes)
+      failed = sum(e.num_failed_calls for e in episodes)
+      lengths = np.array([e.response_len for e in episodes])
+      last = {
+          "reward/mean": _mean(sc.reward), "reward/score_mean": _mean(sc.score), "reward/acc": _mean(sc.acc),
+          "reward/overlong_frac": _mean(sc.truncated), "reward/overlong_penalty_mean": _mean(sc.overlong_penalty),
+          "response/length_mean": _mean(lengths), "response/length_max": float(lengths.max()),
+          "response/tool_calls_mean": calls / len(episodes),
+          "response/malformed_calls_mean": _mean([e.num_malformed_calls for e in episodes]),
+          "response/turns_mean": _mean([e.num_turns for e in episodes]),
+          "groups/informative_frac": informative_total / max(groups_seen, 1), "groups/rounds": float(rounds),
+          "groups/trained": float(len(records)),
+          **{f"train/{k}": _mean([float(u[k]) for u in updates]) for k in updates[0]},
+          **{f"time/{k}_s": v for k, v in times.items()}, "time/step_s": time.perf_counter() - t_step,
+          **{f"count/{k}": float(v) for k, v in counters.items()},
+      }
+      if calls:
+        last["response/tool_success_rate"] = 1.0 - failed / calls
+      bar.set_postfix(reward=f"{last['reward/mean']:.3f}", acc=f"{last['reward/acc']:.3f}")
+      if step % config.log_every_steps == 0 or step == total_steps:
+        writer.write(step, last)
+      if config.samples_every_steps and (step % config.samples_every_steps == 0 or step == 1):
+        writer.write_samples(step, [{"kind": "train", "transcript": e.transcript, "reward": float(sc.reward[i]),
+                                     "acc": bool(sc.acc[i]), "pred": sc.pred[i]}
+                                    for i, e in enumerate(episodes[:config.samples_per_log])])
+      if eval_engine is not None and config.eval.every_steps and (step % config.eval.every_steps == 0
+                                                                  or step == total_steps):
+        run_eval(step)
+      save(step, force=step == total_steps)
+  finally:
+    bar.close()
+    ckpt.close()
+    writer.close()
+    executor.close()
+  return last
