@@ -111,8 +111,11 @@ class Checkpointer:
   def __init__(self, directory: str | os.PathLike, config: CheckpointConfig = CheckpointConfig()):
     self.directory = os.path.abspath(os.fspath(directory))
     self.config = config
+    # cleanup_tmp_directories: a process killed mid-save leaves `<step>.orbax-checkpoint-tmp`; the restarted
+    # run removes it before it saves that step again.
     options = ocp.CheckpointManagerOptions(max_to_keep=config.max_to_keep, create=True,
-                                           enable_async_checkpointing=config.async_save)
+                                           enable_async_checkpointing=config.async_save,
+                                           cleanup_tmp_directories=True)
     # Handlers named up front, so a fresh process can read metadata before it has restored anything.
     handlers = {"state": ocp.PyTreeCheckpointHandler(), "meta": ocp.JsonCheckpointHandler(),
                 "data": grain.checkpoint.CheckpointHandler()}

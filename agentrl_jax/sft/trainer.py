@@ -93,6 +93,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     if config.model.hf_path:
       model = hf_io.load_hf_checkpoint(config.model.hf_path, model_cfg, mesh=mesh)
     else:
+      # Random init (smoke runs, tests): eager, then placed by init_train_state. Real runs load HF weights,
+      # which load_hf_checkpoint places tensor by tensor straight into their shardings.
       model = Qwen(model_cfg, rngs=nnx.Rngs(params=init_key))
     graphdef, state = rl_update.init_train_state(model, opt_cfg, mesh)
     del model

@@ -1,0 +1,85 @@
+"""MetricsWriter: TensorBoard events + metrics.jsonl + samples.jsonl; resume drops the killed run's later records."""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from agentrl_jax import metrics_writer
+
+
+def _jsonl(path):
+  return [json.loads(line) for line in open(path)]
+
+
+def _tb_scalars(logdir):
+  """{tag: [(step, value)]} of every event file in `logdir` (TFRecord framing: length, crc, data, crc)."""
+  import struct
+
+  from tensorboardX.proto import event_pb2
+
+  out = {}
+  for path in sorted(glob.glob(f"{logdir}/events.out.tfevents.*")):
+    data = open(path, "rb").read()
+    pos = 0
+    while pos < len(data):
+      (n,) = struct.unpack("<Q", data[pos:pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + n])
+      pos += 12 + n + 4
+      for v in event.summary.value:
+        out.setdefault(v.tag, []).append((event.step, v.simple_value))
+      if event.session_log.status == event.session_log.START:  # TensorBoard's purge marker
+        out.setdefault("__purge__", []).append(event.step)
+  return out
+
+
+def test_metrics_writer_writes_jsonl_tensorboard_and_samples(tmp_path):
+  with metrics_writer.MetricsWriter(tmp_path, config={"lr": 1e-5}) as w:
+    w.write(1, {"loss": jnp.float32(2.5), "tokens": np.int64(7), "ok": True, "nan": float("nan"), "hist": [1, 2]})
+    w.write(2, {"loss": 1.5})
+    w.write_samples(2, [{"prompt": "1+1?", "response": "2", "reward": jnp.float32(1.0)}])
+  lines = _jsonl(tmp_path / "metrics.jsonl")
+  assert lines[0]["step"] == 1 and lines[0]["loss"] == 2.5 and lines[0]["tokens"] == 7 and lines[0]["hist"] == [1, 2]
+  assert math.isnan(lines[0]["nan"]) and lines[1] == {"step": 2, "loss": 1.5}
+  assert _jsonl(tmp_path / "samples.jsonl") == [{"step": 2, "prompt": "1+1?", "response": "2", "reward": 1.0}]
+  assert json.load(open(tmp_path / "config.json")) == {"lr": 1e-5}
+  scalars = _tb_scalars(str(tmp_path / "tensorboard"))
+  assert scalars["loss"] == [(1, 2.5), (2, 1.5)] and scalars["tokens"] == [(1, 7.0)] and "hist" not in scalars
+
+
+def test_metrics_writer_resume_drops_records_after_the_checkpoint(tmp_path):
+  with metrics_writer.MetricsWriter(tmp_path) as w:
+    for step in range(1, 6):
+      w.write(step, {"loss": float(step)})
+      w.write_samples(step, [{"text": str(step)}])
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write('{"step": 6, "loss": ')  # a line cut short by SIGKILL
+  with metrics_writer.MetricsWriter(tmp_path, start_step=3) as w:  # resumed from the checkpoint at step 3
+    w.write(4, {"loss": 40.0})
+  assert [(m["step"], m["loss"]) for m in _jsonl(tmp_path / "metrics.jsonl")] == [(1, 1.0), (2, 2.0), (3, 3.0),
+                                                                                  (4, 40.0)]
+  assert [s["step"] for s in _jsonl(tmp_path / "samples.jsonl")] == [1, 2, 3]
+  # TensorBoard: the raw files hold both runs' events; the resumed writer's START marker at step 4 makes
+  # TensorBoard discard the first run's events from step 4 on.
+  scalars = _tb_scalars(str(tmp_path / "tensorboard"))
+  assert scalars["__purge__"] == [4] and scalars["loss"][-1] == (4, 40.0)
+
+
+def test_metrics_writer_wandb_missing_is_a_warning_and_progress_bar(tmp_path, caplog):
+  import importlib.util
+
+  if importlib.util.find_spec("wandb") is None:
+    with metrics_writer.MetricsWriter(tmp_path, wandb_project="p") as w:
+      w.write(1, {"loss": 1.0})
+    assert "wandb is not installed" in caplog.text
+  out = io.StringIO()
+  bar = metrics_writer.progress_bar(10, initial=4, file=out)
+  bar.update(1)
+  bar.set_postfix(loss="0.5")
+  bar.close()
+  assert bar.n == 5 and "5/10" in out.getvalue() and "loss=0.5" in out.getvalue()
