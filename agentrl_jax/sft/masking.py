@@ -1,19 +1,23 @@
 """Tokens and assistant-only loss masks of multi-turn conversations, by incremental chat-template rendering.
 
-A conversation is rendered with the tokenizer's own chat template (tools included) one assistant turn at a
-time. For the assistant message at index `a`:
+A conversation is rendered with the tokenizer's own chat template (tools included), whole and incrementally:
 
-    before  = render(messages[:a], add_generation_prompt=True)   # ... <|im_start|>assistant\n
-    after   = render(messages[:a + 1])                           # ... <|im_start|>assistant\n{turn}<|im_end|>\n
+    full    = render(messages)                                   # the text trained on
+    before  = render(messages[:a], add_generation_prompt=True)   # ... <|im_start|>assistant\n   (per assistant a)
 
-`after[len(before):]` is the turn: its text up to and including the closing `<|im_end|>` is trained (mask 1);
-everything else (system, user and tool turns, the `<|im_start|>assistant\n` header, the newline after
-`<|im_end|>`) is masked. Every render must extend the previous one; a template that re-renders history
-differently is reported instead of producing a silently wrong mask.
+`before` must be a prefix of `full` (the template renders history the same once later turns exist, and its
+generation prompt is how it renders an assistant header); then assistant turn `a` starts at `len(before)` and
+ends with its closing `<|im_end|>`, the first one after that start (message contents may not contain control
+tokens, so it cannot come from the text itself). Trained (mask 1): each assistant turn's content, tool calls
+and closing `<|im_end|>`. Masked: system, user and tool turns, the `<|im_start|>assistant\n` headers, the
+newline after `<|im_end|>`. A template whose renders do not extend each other is reported, never mis-masked.
+
+The turn's end comes from `full` rather than from `render(messages[:a + 1])` because some templates (Qwen3's)
+render the *last* assistant turn differently from the same turn as history; `full` is what is trained on.
 
 Each piece is tokenized on its own and the pieces are concatenated: the same token boundaries a rollout
 produces (prompt tokenized with the generation header, the model's own tokens, tool responses appended), so
-SFT trains on the sequences the policy later generates. No string search over the full text is involved.
+SFT trains on the sequences the policy later generates.
 """
 
 from __future__ import annotations
@@ -85,8 +89,8 @@ def _check(messages: Sequence[dict[str, Any]], special: Sequence[str]) -> None:
       seen_assistant = True
       if not content.strip() and not m.get("tool_calls"):
         raise MalformedConversation(f"message {i} (assistant) has empty content and no tool calls")
-    texts = [content] + [str((c.get("function") or c).get("arguments", "")) for c in m.get("tool_calls") or []
-                         if isinstance(c, dict)]
+    calls = [c.get("function") or c for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+    texts = [content] + [str(c.get(k, "")) for c in calls for k in ("name", "arguments")]
     for s in special:
       if any(s in t for t in texts):
         raise MalformedConversation(f"message {i} ({role}) contains the control token {s!r}")
@@ -101,33 +105,33 @@ def render_pieces(tokenizer, messages: Sequence[dict[str, Any]], tools: Sequence
   Messages after the last assistant turn carry no loss and are dropped.
 
   Raises:
-    MalformedConversation: bad structure (see module docstring), or a template whose renders do not extend
-      each other.
+    MalformedConversation: bad structure (see `encode_conversation`), or a template whose incremental renders
+      are not prefixes of the full render.
   """
   _check(messages, [t for t in tokenizer.all_special_tokens if t])
   messages = [dict(m, content=m.get("content") or "") if m["role"] == "assistant" else m for m in messages]
+  assistants = [a for a, m in enumerate(messages) if m["role"] == "assistant"]
+  messages = messages[:assistants[-1] + 1]
   tools = list(tools) if tools else None
   render = lambda ms, gen=False: tok_lib.render_chat(tokenizer, list(ms), tools=tools,  # noqa: E731
                                                      add_generation_prompt=gen)
+  full = render(messages)
   pieces: list[tuple[str, bool]] = []
-  done = after = ""  # text rendered so far; the latest full render
-  for a, m in enumerate(messages):
-    if m["role"] != "assistant":
-      continue
-    before = render(messages[:a], gen=True)
-    after = render(messages[:a + 1])
-    if not before.startswith(done) or not after.startswith(before):
-      raise MalformedConversation(f"message {a} (assistant): the chat template does not render this conversation "
-                                  "incrementally (a later render changes earlier text), so its mask is undefined")
-    turn = after[len(before):]
-    end = turn.rfind(end_of_turn)
+  pos = 0  # end of the previous trained piece in `full`
+  for a in assistants:
+    start = len(before := render(messages[:a], gen=True))
+    if start < pos or not full.startswith(before):
+      raise MalformedConversation(
+          f"message {a} (assistant): the chat template renders the conversation before this turn differently "
+          "once later turns exist (or its generation prompt differs from its assistant header), so the mask "
+          "is undefined")
+    end = full.find(end_of_turn, start)
     if end < 0:
       raise MalformedConversation(f"message {a} (assistant): rendered turn has no {end_of_turn!r}")
     end += len(end_of_turn)
-    pieces.append((before[len(done):], False))
-    pieces.append((turn[:end], True))
-    done = before + turn[:end]
-  pieces.append((after[len(done):], False))  # after the last assistant turn: its trailing newline
+    pieces += [(full[pos:start], False), (full[start:end], True)]
+    pos = end
+  pieces.append((full[pos:], False))  # after the last assistant turn: its trailing newline
   return [p for p in pieces if p[0]]
 
 
@@ -144,7 +148,10 @@ def encode_conversation(tokenizer, messages: Sequence[dict[str, Any]],
     index: carried into the result.
 
   Raises:
-    MalformedConversation: see `render_pieces`; also over-long conversations.
+    MalformedConversation: no assistant message; a first message that is not system or user; an unknown role;
+      non-string content; a tool turn before any assistant turn; an empty user turn; an assistant turn with
+      neither content nor tool calls; a control token (e.g. `<|im_end|>`) inside content or a tool call; a
+      template that does not render incrementally (see `render_pieces`); more than `max_tokens` tokens.
   """
   ids, mask = [], []
   for text, trained in render_pieces(tokenizer, messages, tools):

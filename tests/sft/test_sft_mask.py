@@ -132,6 +132,8 @@ def test_mask_tool_call_only_turn_and_trailing_messages(tok):
     ([{"role": "user", "content": "x"}, {"role": "robot", "content": "y"}], "role 'robot'"),
     ([{"role": "user", "content": "x"}, {"role": "assistant", "content": 3}], "content must be a string"),
     ([{"role": "user", "content": "x<|im_end|>"}, {"role": "assistant", "content": "y"}], "control token"),
+    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "f", "arguments": '{"a": "<|im_start|>"}'}}]}], "message 1 .* control token"),
     ([], "no messages"),
 ])
 def test_mask_malformed_conversations_are_named(tok, messages, reason):
@@ -147,24 +149,34 @@ def test_mask_overlong_conversation(tok):
     masking.encode_conversation(tok, msgs, max_tokens=n - 1)
 
 
-def test_mask_template_that_rewrites_history_is_rejected(tok):
-  # A template that renders earlier turns differently once later ones exist (as Qwen3's thinking template does
-  # with empty reasoning) has no well-defined incremental mask: reported, never silently mis-masked.
-  class Rewriting:
-    all_special_tokens = tok.all_special_tokens
+class _ToyTemplate:
+  """A ChatML template stand-in: `last_think` marks the final assistant turn as Qwen3's template does (an empty
+  think block), `gen_think` puts one in the generation prompt only (Qwen3 with enable_thinking=False)."""
 
-    def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False):
-      out = ""
-      for i, m in enumerate(messages):
-        last = i == len(messages) - 1
-        content = ("<think></think>" if m["role"] == "assistant" and last else "") + m["content"]
-        out += f"<|im_start|>{m['role']}\n{content}<|im_end|>\n"
-      return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+  def __init__(self, tok, last_think=False, gen_think=False):
+    self.all_special_tokens = tok.all_special_tokens
+    self.last_think, self.gen_think = last_think, gen_think
 
+  def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False):
+    out = ""
+    for i, m in enumerate(messages):
+      think = "<think></think>" if m["role"] == "assistant" and self.last_think and i == len(messages) - 1 else ""
+      out += f"<|im_start|>{m['role']}\n{think}{m['content']}<|im_end|>\n"
+    return out + ("<|im_start|>assistant\n" + ("<think></think>" if self.gen_think else "")
+                  if add_generation_prompt else "")
+
+
+def test_mask_templates_that_render_the_last_turn_differently(tok):
   msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"},
           {"role": "assistant", "content": "d"}]
-  with pytest.raises(masking.MalformedConversation, match="message 3 .* incrementally"):
-    masking.render_pieces(Rewriting(), msgs)
+  # The last turn as the template renders it in the full conversation: trained as rendered.
+  assert masking.render_pieces(_ToyTemplate(tok, last_think=True), msgs) == [
+      ("<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n", False), ("b<|im_end|>", True),
+      ("\n<|im_start|>user\nc<|im_end|>\n<|im_start|>assistant\n", False), ("<think></think>d<|im_end|>", True),
+      ("\n", False)]
+  # A generation prompt that history never shows has no well-defined mask: reported, never mis-masked.
+  with pytest.raises(masking.MalformedConversation, match="message 1 .* renders the conversation before"):
+    masking.render_pieces(_ToyTemplate(tok, gen_think=True), msgs)
 
 
 def test_mask_packing_shifts_targets_and_keeps_segments(tok):

@@ -108,3 +108,19 @@ def test_sft_encode_batch_skips_and_reports(setup):
   assert "message 0 is 'tool'" in data.skipped[0][1] and "max_seq_len=64" in data.skipped[1][1]
   assert data.packed.inputs.shape == (1, 2, SEQ)
   assert step_lib.encode_batch(tok, batch[1:], cfg).packed is None
+
+
+def test_sft_step_traces_qwen3_4b_at_recipe_shapes():
+  """The full-size step traces (no memory, no compile): Qwen3-4B, 8-way FSDP, rows of 16384, chunked LM head."""
+  cfg = ModelConfig.qwen3_4b(dtype="bfloat16", remat=True)
+  mesh = sharding_lib.make_mesh(1, -1, 1)
+  opt = rl_update.OptimizerConfig(learning_rate=1e-5, b2=0.95, schedule="cosine", warmup_steps=47, total_steps=470)
+  graphdef, abstract = rl_update.abstract_train_state(cfg, opt, mesh)
+  step = step_lib.make_train_step(graphdef, rl_update.train_state_shardings(abstract, mesh), opt, mesh,
+                                  micro_rows=8, seq_len=16384, logits_chunk_size=1024)
+  batch = {f: jax.ShapeDtypeStruct((4, 8, 16384), jnp.float32 if f == "weights" else jnp.int32)
+           for f in packing.FIELDS}
+  with jax.set_mesh(mesh):
+    new_state, metrics = jax.eval_shape(step, abstract, batch)
+  assert jax.tree.structure(new_state) == jax.tree.structure(abstract)
+  assert all(m.shape == () for m in metrics.values())

@@ -78,3 +78,15 @@ def test_sft_config_validates(field, value):
 
   with pytest.raises(ValueError, match=field):
     SFTConfig(**{"max_seq_len": 64, field: value})
+
+
+def test_sft_recipe_config_constants(sft_config):
+  config = sft_config("sft_qwen3_4b")
+  assert config.job == "sft" and config.sft.batch_size == 32 and config.sft.num_epochs == 5
+  assert config.sft.warmup_ratio == 0.1
+  assert dict(config.optimizer) == dict(learning_rate=1e-5, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01,
+                                        grad_clip=1.0, min_lr_ratio=0.0)
+  smoke = sft_config("sft_qwen3_4b", "smoke")
+  assert smoke.model.size == "tiny_qwen3" and smoke.data.toy_conversations > 0 and smoke.sft.max_seq_len <= 512
+  with pytest.raises(ValueError, match="unknown arg"):
+    sft_config("sft_qwen3_4b", "big")
