@@ -129,6 +129,24 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return sorted(self._mngr.all_steps())
 
+  def read_metadata(self, step: int | None = None) -> dict[str, Any]:
+    """The JSON metadata of checkpoint `step` (default the latest), without reading any array."""
+    step = self._existing(step)
+    return dict(self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+
+  def saved_shapes(self, step: int | None = None) -> Any:
+    """The stored state as a pytree of `ShapeDtypeStruct`s (containers as stored: dicts and lists; nnx
+    Variables appear as `{"value": ...}`), e.g. to load a checkpoint for analysis without the training code:
+    `ckpt.restore(abstract_state(shapes, jax.tree.map(lambda _: device, shapes)))`."""
+    tree = self._mngr.item_metadata(self._existing(step)).state.tree
+    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree)
+
+  def _existing(self, step: int | None) -> int:
+    step = self.latest_step() if step is None else step
+    if step is None or step not in self._mngr.all_steps():
+      raise ValueError(f"{self.directory}: no checkpoint at step {step} (have {self.all_steps()})")
+    return step
+
   def should_save(self, step: int) -> bool:
     return step % self.config.every_steps == 0
 
@@ -177,9 +195,7 @@ class Checkpointer:
     Raises:
       ValueError: no checkpoint (at `step`), or the checkpoint has no iterator state but one was asked for.
     """
-    step = self.latest_step() if step is None else step
-    if step is None or step not in self._mngr.all_steps():
-      raise ValueError(f"{self.directory}: no checkpoint at step {step} (have {self.all_steps()})")
+    step = self._existing(step)
     storable = _storable_target(target)
     items = {"state": ocp.args.PyTreeRestore(storable, restore_args=ocp.checkpoint_utils.construct_restore_args(
                  storable), partial_restore=True),
@@ -229,11 +245,9 @@ def export_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *, 
   from agentrl_jax.models.config import ModelConfig
 
   with Checkpointer(checkpoint_dir) as ckpt:
-    step = ckpt.latest_step() if step is None else step
-    if step is None:
-      raise ValueError(f"{checkpoint_dir}: no checkpoint to export")
+    step = ckpt._existing(step)  # pylint: disable=protected-access
     if model_config is None:
-      meta = ckpt._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+      meta = ckpt.read_metadata(step)
       if "model_config" not in meta:
         raise ValueError(f"{checkpoint_dir}: checkpoint {step} stores no model_config; pass model_config=")
       model_config = ModelConfig(**meta["model_config"])

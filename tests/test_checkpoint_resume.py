@@ -79,6 +79,8 @@ def test_checkpoint_resume_keeps_last_n_and_reports_missing(tmp_path):
       ckpt.restore(checkpoint.abstract_state(state), data_iterator=iter(grain.MapDataset.range(3).to_iter_dataset()))
     partial, _ = ckpt.restore({"params": checkpoint.abstract_state(state["params"])})  # reads only the params
     assert set(partial) == {"params"}
+    assert ckpt.read_metadata(6) == {"step": 6}
+    assert ckpt.saved_shapes()["params"]["w"] == jax.ShapeDtypeStruct((8, 4), jnp.float32)
   with pytest.raises(ValueError, match="every_steps"):
     checkpoint.CheckpointConfig(every_steps=0)
 
@@ -111,10 +113,9 @@ def _launch(workdir, cache_dir, log_path=None):
 def _final_state(workdir):
   with checkpoint.Checkpointer(os.path.join(workdir, "checkpoints")) as ckpt:
     step = ckpt.latest_step()
+    shapes = ckpt.saved_shapes()  # restore whatever was saved, as stored, on one device
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    meta_tree = ckpt._mngr.item_metadata(step).state.tree  # restore whatever was saved, on one device
-    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), meta_tree)
-    state, meta = ckpt.restore(target, step=step)
+    state, meta = ckpt.restore(checkpoint.abstract_state(shapes, jax.tree.map(lambda _: device, shapes)))
   return step, jax.tree.map(np.asarray, state), meta
 
 
