@@ -4,7 +4,7 @@
     graphdef, state = rl.update.init_train_state(model, tx_cfg, mesh)
     step = make_train_step(graphdef, rl.update.train_state_shardings(state, mesh), tx_cfg, mesh, micro_rows=8)
     data = encode_batch(tokenizer, conversations, sft_cfg)      # skips (and reports) malformed conversations
-    state, metrics = step(state, batch_arrays(data.packed, mesh))
+    state, metrics = step(state, batch_arrays(data.packed, mesh), jax.random.fold_in(rng, step_number))
 
 The loss is the token mean of the cross-entropy over every assistant target token of the step: per
 micro-batch the *sum* of token losses is differentiated, the sums are accumulated by `lax.scan`, and the total
@@ -120,12 +120,14 @@ def batch_arrays(packed: packing.PackedBatch, mesh: Mesh) -> dict[str, jax.Array
 
 def make_train_step(graphdef: nnx.GraphDef, state_shardings: TrainState, opt_cfg: OptimizerConfig, mesh: Mesh,
                     *, micro_rows: int, seq_len: int, logits_chunk_size: int | None = None,
-                    accum_dtype: Any = jnp.float32) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
-  """Builds the jitted `step(state, batch) -> (state, metrics)`; `state` is donated.
+                    accum_dtype: Any = jnp.float32
+                    ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
+  """Builds the jitted `step(state, batch, rng) -> (state, metrics)`; `state` is donated.
 
   `batch` holds the `packing.FIELDS` arrays `[M, micro_rows, seq_len]` (compiled once per M). The update:
   token-mean CE gradient over all M micro-batches -> skip if the norm or loss is not finite (state returned
-  unchanged, `skipped` = 1) -> clip to `opt_cfg.grad_clip` -> AdamW (`opt_cfg.make()`).
+  unchanged, `skipped` = 1) -> clip to `opt_cfg.grad_clip` -> AdamW (`opt_cfg.make()`). `rng` keeps the house
+  signature (and the RL step's); nothing in SFT is stochastic yet (no dropout).
 
   Returns:
     step; metrics (float32 scalars): loss (token-mean CE), entropy (mean over trained tokens), grad_norm
@@ -149,7 +151,9 @@ def make_train_step(graphdef: nnx.GraphDef, state_shardings: TrainState, opt_cfg
 
   grad_fn = jax.value_and_grad(sums, has_aux=True)
 
-  def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+  def step(state: TrainState, batch: dict[str, jax.Array],
+           rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+    del rng
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
       constrain = lambda g: lax.with_sharding_constraint(g, state_shardings.params)  # noqa: E731
 
@@ -186,5 +190,5 @@ def make_train_step(graphdef: nnx.GraphDef, state_shardings: TrainState, opt_cfg
 
   replicated = NamedSharding(mesh, P())
   # The old state's buffers are donated: params and both Adam moments are updated in place.
-  return jax.jit(step, in_shardings=(state_shardings, batch_sharding(mesh, micro_rows, seq_len)),
+  return jax.jit(step, in_shardings=(state_shardings, batch_sharding(mesh, micro_rows, seq_len), replicated),
                  out_shardings=(state_shardings, replicated), donate_argnums=(0,))

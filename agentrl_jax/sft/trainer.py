@@ -129,7 +129,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       if batch.packed is None:
         log.warning("sft: step %d: every conversation of the batch was skipped; no update", step + 1)
       else:
-        state, metrics = train_step(state, step_lib.batch_arrays(batch.packed, mesh))
+        arrays = step_lib.batch_arrays(batch.packed, mesh)
+        state, metrics = train_step(state, arrays, jax.random.fold_in(rng, step))
         pending.append(metrics)
         counters["trained_tokens"] += batch.packed.num_tokens
         if step == 0 or (step + 1) % config.log_every_steps == 0:  # one decoded example with its trained text

@@ -180,8 +180,8 @@ def test_mask_templates_that_render_the_last_turn_differently(tok):
 
 
 def test_mask_packing_shifts_targets_and_keeps_segments(tok):
-  convs = [masking.encode_conversation(tok, [{"role": "user", "content": "q" * k}, {"role": "assistant", "content": "a"}],
-                                       index=k) for k in (1, 2, 30)]
+  convs = [masking.encode_conversation(tok, [{"role": "user", "content": "q" * k},
+                                            {"role": "assistant", "content": "a"}], index=k) for k in (1, 2, 30)]
   lens = [len(c) for c in convs]
   seq_len = lens[2] - 1 + 4  # the long one alone in a row; the two short ones share the other
   packed = packing.pack(convs, seq_len=seq_len, micro_rows=1, max_rows=8)

@@ -16,6 +16,7 @@ from agentrl_jax.sft import masking, packing
 from agentrl_jax.sft import step as step_lib
 
 SEQ = 64
+KEY = jax.random.key(0)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_sft_step_is_exact_over_micro_batches_and_packing(setup):
     for micro_rows in (2, 8):  # 6 conversations in 4 rows: two micro-batches of 2, or one of 8 (half padding)
       state, step = _step(cfg, mesh, micro_rows)
       packed = packing.pack(convs, seq_len=SEQ, micro_rows=micro_rows, max_rows=len(convs))
-      state, metrics = step(state, step_lib.batch_arrays(packed, mesh))
+      state, metrics = step(state, step_lib.batch_arrays(packed, mesh), KEY)
       results.append((jax.device_get(metrics), jax.tree.map(np.asarray, state.params)))
       steps[micro_rows] = state, step
   (m2, p2), (m8, p8) = results
@@ -80,14 +81,14 @@ def test_sft_step_is_exact_over_micro_batches_and_packing(setup):
     for batch in (convs[:1], convs[1:3], convs[3:]):
       packed = packing.pack(batch, seq_len=SEQ, micro_rows=8, max_rows=6)
       assert packed.inputs.shape[0] == 1
-      state, _ = step(state, step_lib.batch_arrays(packed, mesh))
+      state, _ = step(state, step_lib.batch_arrays(packed, mesh), KEY)
     assert step._cache_size() == 1
 
     # A non-finite loss skips the update: params, moments and the update count stay as they were.
     before = jax.tree.map(np.asarray, state), int(state.step)
     bad = packing.pack(convs[:1], seq_len=SEQ, micro_rows=8, max_rows=6)
     bad.weights[0, 0, 0] = np.nan
-    state, metrics = step(state, step_lib.batch_arrays(bad, mesh))
+    state, metrics = step(state, step_lib.batch_arrays(bad, mesh), KEY)
   assert metrics["skipped"] == 1.0 and int(state.step) == before[1] == 4
   for a, b in zip(jax.tree.leaves(before[0]), jax.tree.leaves(jax.tree.map(np.asarray, state))):
     np.testing.assert_array_equal(a, b)
@@ -120,6 +121,6 @@ def test_sft_step_traces_qwen3_4b_at_recipe_shapes():
   batch = {f: jax.ShapeDtypeStruct((4, 8, 16384), jnp.float32 if f == "weights" else jnp.int32)
            for f in packing.FIELDS}
   with jax.set_mesh(mesh):
-    new_state, metrics = jax.eval_shape(step, abstract, batch)
+    new_state, metrics = jax.eval_shape(step, abstract, batch, KEY)
   assert jax.tree.structure(new_state) == jax.tree.structure(abstract)
   assert all(m.shape == () for m in metrics.values())
