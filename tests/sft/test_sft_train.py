@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentrl_jax import checkpoint, testing
+from agentrl_jax import checkpoint
 from agentrl_jax.models import hf_io
 from agentrl_jax.models import tokenizer as tok_lib
 from agentrl_jax.models.kv_cache import KVCache
