@@ -111,7 +111,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   engine = engine_lib.RolloutEngine.create(
       graphdef, model.cfg, tokenizer, executor, engine_lib.rollout_config(config.rollout), temperature=ev.temperature,
       top_p=ev.top_p, top_k=ev.top_k, advertise_tools=config.rollout.advertise_tools, mesh=mesh, params=params)
-  records = load_sources(ev.sources, config.data_dir or os.path.join(workdir, "tfds"),
+  sources = list(ev.sources)
+  if not sources and config.get("eval_root"):
+    from agentrl_jax.rl import recipe
+
+    sources = recipe.eval_sources(config.eval_root)
+  if not sources:
+    raise ValueError("config.eval.sources is empty and config.eval_root is not set: nothing to evaluate")
+  records = load_sources(sources, config.data.data_dir or os.path.join(workdir, "tfds"),
                          prompt_style(config.get("prompt_style")))
   log.info("eval: %d problems x %d samples", len(records), ev.n)
   try:

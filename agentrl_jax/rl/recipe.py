@@ -1,0 +1,105 @@
+"""The GRPO-TCR recipe of "Demystifying Reinforcement Learning in Agentic Reasoning" as config blocks.
+
+`configs/demystify_*.py` build on `rl_config()` and change the model; `configs/rl_toy.py` shrinks it. Every
+recipe constant lives here once, with its source:
+
+  loss        token-mean, clip 0.2 / 0.28 (clip-higher), dual clip 10, KL 0, entropy coefficient 0
+  optimizer   AdamW lr 1e-6 constant, weight decay 0.01, betas (0.9, 0.999), grad clip 1.0
+  batch       64 prompts x 16 samples per step, mini-batch 16 prompts, 1 epoch per batch, 3 epochs of data
+  lengths     prompt <= 2560 tokens, response <= 20480 tokens (tool output included), <= 16 assistant turns
+  shaping     overlong buffer 4096 tokens with factor 1.0 (DAPO), counted in tokens
+  sampling    train T=1.0 top_p=1.0; validation n=32, T=1.0, top_p=0.6; test every 10 steps, save every 30
+
+Choices where the reference is silent or buggy (documented at the field): tool output kept to 2048 characters
+(the reference's 256 hides tracebacks), tool-call shaping applied with the real number of calls (the
+reference's is silently constant), dynamic sampling available but off (the reference defines it and never
+applies it), malformed tool calls answered with an error the model can recover from.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from agentrl_jax.models import loading
+
+
+def eval_sources(root: str) -> list[dict]:
+  """The recipe's four evaluation sets as local files under `root` (names as the public datasets ship them)."""
+  return [
+      dict(name="AIME2024", path=f"{root}/aime2024.jsonl", schema="aime2024"),
+      dict(name="AIME2025", path=f"{root}/aime2025.parquet", schema="aime2025"),
+      dict(name="GPQA-Diamond", path=f"{root}/gpqa_diamond.parquet", schema="gpqa_diamond"),
+      dict(name="LiveCodeBench-v6", path=f"{root}/livecodebench_v6.parquet", schema="livecodebench_v6"),
+  ]
+
+
+def rl_config(**model) -> ml_collections.ConfigDict:
+  """The full RL config with the recipe's constants; `model` fields go to the model block."""
+  config = ml_collections.ConfigDict()
+  config.job = "rl"
+  config.seed = 0
+  config.model = loading.model_block(**{"size": "qwen3_4b", "param_dtype": "float32", "dtype": "bfloat16",
+                                        "remat": True, **model})
+  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=0))
+  config.data = ml_collections.ConfigDict(dict(
+      train_path="",                 # the recipe's RL parquet (prompt, data_source, reward_model, extra_info)
+      train_schema="rl", data_dir="", skip_malformed=True, shuffle=True,
+      toy_task="arithmetic", toy_problems=0, toy_levels=[0, 1, 2, 3]))
+  config.prompt_style = ml_collections.ConfigDict(dict(extra_rules=[["toy_", "plain"]], default="math_units"))
+  config.rollout = ml_collections.ConfigDict(dict(
+      batch_size=256,                # row slots decoded together (a finished episode frees its slot)
+      max_turns=16, max_response_len=20480, max_prompt_len=2560,
+      max_tool_output_chars=2048,    # the reference keeps 256 characters, which hides most tracebacks
+      max_calls_per_turn=1,
+      end_on_failed_call=False,      # the reference ends the episode; we answer with the error instead
+      overlap_tools=True, segment_len=64, groups_per_prefill=8, prompt_bucket_min=256, chunk_bucket_min=32,
+      cache_bucket_min=1024, advertise_tools=True,
+      temperature=1.0, top_p=1.0, top_k=0))
+  config.tools = ml_collections.ConfigDict(dict(
+      backend="local",               # or "sandbox_fusion" with sandbox_fusion_url (the recipe's service)
+      sandbox_fusion_url="", timeout_s=10.0, memory_mb=1024, max_concurrency=0, allow_unsandboxed=False))
+  config.reward = ml_collections.ConfigDict(dict(
+      math_mode="strict",            # the recipe's exact compare; "equiv" accepts LaTeX-equivalent answers
+      overlong_buffer_tokens=4096, overlong_penalty_factor=1.0,
+      tool_call_bonus=0.1, tool_call_cap=-0.6,   # min(-0.6, score + 0.1 * calls) for wrong answers
+      sources=[]))                   # extra [data_source, reward kind] pairs
+  config.rl = ml_collections.ConfigDict(dict(
+      n=16, prompts_per_step=64, mini_batch_prompts=16, micro_batch_size=16, epochs_per_batch=1, total_epochs=3,
+      total_steps=0,                 # 0: total_epochs over the training prompts
+      dynamic_sampling=False, dynamic_sampling_max_extra_rounds=3,
+      reuse_sampler_logp=False,      # True: the sampler's log-probs as the old policy's (no recompute pass)
+      response_bucket_min=1024, logits_chunk_size=1024,
+      loss=dict(policy_loss="ppo_clip", clip_low=0.2, clip_high=0.28, dual_clip_c=10.0, loss_agg_mode="token-mean",
+                entropy_coeff=0.0, kl_coeff=0.0, kl_type="low_var_kl"),
+      advantage=dict(estimator="grpo", norm_by_std=True)))
+  config.optimizer = ml_collections.ConfigDict(dict(
+      learning_rate=1e-6, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, grad_clip=1.0, schedule="constant",
+      warmup_steps=0))
+  config.eval = ml_collections.ConfigDict(dict(
+      sources=[],                    # e.g. recipe.eval_sources("/data/eval")
+      every_steps=10, at_start=True, n=32, temperature=1.0, top_p=0.6, top_k=0, ks=[1, 8, 16, 32],
+      samples_to_log=16))
+  config.checkpoint = ml_collections.ConfigDict(dict(every_steps=30, max_to_keep=3, async_save=True))
+  config.log_every_steps = 1
+  config.samples_every_steps = 10
+  config.samples_per_log = 8
+  config.wandb_project = ""
+  return config
+
+
+def shrink_for_smoke(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The same experiment at CPU size: tiny model, the embedded arithmetic task, a few short steps."""
+  config.model.update(size="tiny_qwen3", hf_path="", checkpoint="", tokenizer_path="", param_dtype="float32",
+                      dtype="float32", remat=False)
+  config.mesh.num_devices = 1
+  config.data.update(train_path="", toy_problems=64, toy_levels=[0, 1, 2])
+  config.rollout.update(batch_size=16, max_turns=3, max_response_len=64, max_prompt_len=64, max_tool_output_chars=256,
+                        segment_len=16, prompt_bucket_min=32, chunk_bucket_min=16, cache_bucket_min=64,
+                        advertise_tools=False)
+  config.tools.update(timeout_s=5.0, memory_mb=512)
+  config.reward.overlong_buffer_tokens = 16
+  config.rl.update(n=4, prompts_per_step=4, mini_batch_prompts=2, micro_batch_size=8, total_steps=2,
+                   response_bucket_min=32, logits_chunk_size=0)
+  config.eval.update(sources=[], at_start=False, n=2, ks=[1, 2])
+  config.checkpoint.update(every_steps=1, async_save=False)
+  return config

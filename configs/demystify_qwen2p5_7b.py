@@ -1,0 +1,24 @@
+"""GRPO-TCR agentic RL of Qwen2.5-7B-Instruct with the code tool (the recipe's 7B setting, arXiv 2510.11701).
+
+Run (local paths; nothing downloads):
+  python -m agentrl_jax.main --config=configs/demystify_qwen2p5_7b.py --workdir=runs/demystify_qwen2p5_7b \
+      --config.model.hf_path=/data/Qwen2.5-7B-sft --config.data.train_path=/data/rl_30k.parquet
+Smoke (CPU): --config=configs/demystify_qwen2p5_7b.py:smoke (a tiny Qwen2-family model)
+
+The recipe's constants are those of configs/demystify_qwen3_4b.py (agentrl_jax/rl/recipe.py); only the model
+changes. Qwen2.5 has no q/k norm and carries qkv biases; its context is 32768 tokens, which fits the recipe's
+2560 + 20480.
+"""
+
+from agentrl_jax.rl import recipe
+
+
+def get_config(arg=None):
+  if arg not in (None, "", "smoke"):
+    raise ValueError(f"demystify_qwen2p5_7b: unknown arg {arg!r}; expected nothing or 'smoke'")
+  config = recipe.rl_config(size="qwen2p5_7b")
+  if arg == "smoke":
+    recipe.shrink_for_smoke(config)
+    config.model.size = "tiny_qwen2"
+  config.lock()
+  return config

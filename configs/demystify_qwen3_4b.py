@@ -1,0 +1,26 @@
+"""GRPO-TCR agentic RL of Qwen3-4B with the code tool: stage 2 of the recipe (arXiv 2510.11701).
+
+Run (model, prompts and eval sets are local paths; nothing downloads):
+  python -m agentrl_jax.main --config=configs/demystify_qwen3_4b.py --workdir=runs/demystify_qwen3_4b \
+      --config.model.hf_path=/data/Qwen3-4B-sft --config.data.train_path=/data/rl_30k.parquet \
+      --config.eval.sources="$(python -c 'from agentrl_jax.rl import recipe; print(recipe.eval_sources("/data/eval"))')"
+  Start from our SFT run instead: --config.model.checkpoint=runs/sft_qwen3_4b/checkpoints
+  On a TPU slice: bash launch/tpu_vm.sh run configs/demystify_qwen3_4b.py gs://bucket/runs/x --config....
+Smoke (CPU, tiny model, the embedded task): --config=configs/demystify_qwen3_4b.py:smoke
+
+Every recipe constant is in agentrl_jax/rl/recipe.py (clip 0.2/0.28, dual clip 10, token-mean, no KL, entropy
+coefficient 0, AdamW 1e-6 constant, 64 x 16 per step, mini-batch 16, max response 20480, overlong 4096/1.0,
+16 turns, train T=1 top_p=1, validation n=32 T=1 top_p=0.6, test every 10, save every 30, 3 epochs).
+"""
+
+from agentrl_jax.rl import recipe
+
+
+def get_config(arg=None):
+  if arg not in (None, "", "smoke"):
+    raise ValueError(f"demystify_qwen3_4b: unknown arg {arg!r}; expected nothing or 'smoke'")
+  config = recipe.rl_config(size="qwen3_4b")
+  if arg == "smoke":
+    recipe.shrink_for_smoke(config)
+  config.lock()
+  return config
