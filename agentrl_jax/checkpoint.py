@@ -222,41 +222,36 @@ class Checkpointer:
     self.close()
 
 
+def model_config_of(checkpoint_dir: str | os.PathLike, *, step: int | None = None):
+  """The `ModelConfig` a trainer stored in the metadata of checkpoint `step` (default the latest)."""
+  from agentrl_jax.models.config import ModelConfig
+
+  with Checkpointer(checkpoint_dir) as ckpt:
+    step = ckpt._existing(step)  # pylint: disable=protected-access
+    meta = ckpt.read_metadata(step)
+  if "model_config" not in meta:
+    raise ValueError(f"{checkpoint_dir}: checkpoint {step} stores no model_config")
+  return ModelConfig(**meta["model_config"])
+
+
 def export_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int | None = None,
-              model_config=None, params_path: tuple[str, ...] = ("train", "params"), tokenizer=None,
-              dtype: str | None = None) -> str:
+              model_config=None, tokenizer=None, dtype: str | None = None) -> str:
   """Writes the params of a checkpoint as a HF directory (`config.json` + safetensors) via `hf_io.export_hf`.
 
-  Reads only the params (not the optimizer state), onto the first local device.
+  Reads only the params (the trainers save `{"train": rl.update.TrainState, ...}`), onto the first local device.
 
   Args:
     checkpoint_dir: a `Checkpointer` directory.
     out_dir: the HF directory to write.
     step: default the latest.
     model_config: the `ModelConfig`; default the `model_config` dict stored in the checkpoint's metadata.
-    params_path: keys leading to the params' `nnx.State` in the saved state (the trainers save
-      `{"train": rl.update.TrainState, ...}`).
     tokenizer: saved alongside when given.
     dtype: export dtype; default the model's param dtype.
   """
-  from flax import nnx
+  from agentrl_jax.models import hf_io, loading
+  from agentrl_jax.models import sharding as sharding_lib
 
-  from agentrl_jax.models import hf_io
-  from agentrl_jax.models.config import ModelConfig
-
-  with Checkpointer(checkpoint_dir) as ckpt:
-    step = ckpt._existing(step)  # pylint: disable=protected-access
-    if model_config is None:
-      meta = ckpt.read_metadata(step)
-      if "model_config" not in meta:
-        raise ValueError(f"{checkpoint_dir}: checkpoint {step} stores no model_config; pass model_config=")
-      model_config = ModelConfig(**meta["model_config"])
-    graphdef, abs_params = nnx.split(hf_io.abstract_model(model_config))
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = abstract_state(abs_params, jax.tree.map(lambda _: device, abs_params))
-    for key in reversed(params_path):
-      target = {key: target}
-    state, _ = ckpt.restore(target, step=step)
-  for key in params_path:
-    state = state[key]
-  return hf_io.export_hf(nnx.merge(graphdef, state), out_dir, dtype=dtype, tokenizer=tokenizer)
+  model_config = model_config or model_config_of(checkpoint_dir, step=step)
+  mesh = sharding_lib.make_mesh(1, 1, 1, devices=jax.local_devices()[:1])
+  model = loading.load_params_from_checkpoint(checkpoint_dir, model_config, mesh, step=step)
+  return hf_io.export_hf(model, out_dir, dtype=dtype, tokenizer=tokenizer)

@@ -105,4 +105,40 @@ def random_tokens(key, batch: int, length: int, vocab: int) -> jax.Array:
 
 
 __all__ = ["tiny_tokenizer", "tiny_tokenizer_dir", "tiny_model", "jit_forward", "save_random_hf_checkpoint", "load_hf_torch",
-           "hf_logits", "random_tokens", "hf_io"]
+           "hf_logits", "random_tokens", "hf_io", "launch_main", "latest_checkpoint_state"]
+
+
+def launch_main(flags: list[str], workdir, *, log_path=None, cache_dir=None):
+  """Starts `python -m agentrl_jax.main <flags> --workdir=...` on the CPU (resume tests kill and restart it).
+
+  The tiny tokenizer is passed as a directory so the child does not train it again; a persistent compilation
+  cache shared with the parent (its `JAX_COMPILATION_CACHE_DIR`, or `cache_dir`) lets later processes reuse
+  the executables the first one compiled. Output goes to a pipe, or to `log_path`.
+  """
+  import subprocess
+  import sys
+
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false",
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  if cache_dir is not None:
+    env["JAX_COMPILATION_CACHE_DIR"] = os.fspath(cache_dir)
+  env.pop("XLA_FLAGS", None)
+  flags = [*flags, f"--config.model.tokenizer_path={tiny_tokenizer_dir()}", f"--workdir={os.fspath(workdir)}"]
+  out = open(log_path, "w") if log_path else subprocess.PIPE
+  return subprocess.Popen([sys.executable, "-m", "agentrl_jax.main", *flags], cwd=repo, env=env, stdout=out,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def latest_checkpoint_state(checkpoint_dir):
+  """(step, state as numpy, metadata) of the latest checkpoint, restored as stored onto one device."""
+  import numpy as np
+
+  from agentrl_jax import checkpoint
+
+  with checkpoint.Checkpointer(checkpoint_dir) as ckpt:
+    step = ckpt.latest_step()
+    shapes = ckpt.saved_shapes()
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    state, meta = ckpt.restore(checkpoint.abstract_state(shapes, jax.tree.map(lambda _: device, shapes)))
+  return step, jax.tree.map(np.asarray, state), meta

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import grain
@@ -97,26 +95,11 @@ KILL_AFTER = "saved checkpoint at step 10 "
 
 
 def _launch(workdir, cache_dir, log_path=None):
-  """Starts `python -m agentrl_jax.main` on the tiny config; output to a pipe (or to `log_path`)."""
-  env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false",
-             # Shared persistent compilation cache: later processes load the executables the first compiled.
-             JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-  env.pop("XLA_FLAGS", None)
-  # The tiny tokenizer, built once here rather than trained again in every process.
-  flags = [*FLAGS, f"--config.model.tokenizer_path={testing.tiny_tokenizer_dir()}", f"--workdir={workdir}"]
-  out = open(log_path, "w") if log_path else subprocess.PIPE
-  return subprocess.Popen([sys.executable, "-m", "agentrl_jax.main", *flags], cwd=REPO, env=env, stdout=out,
-                          stderr=subprocess.STDOUT, text=True)
+  return testing.launch_main(FLAGS, workdir, log_path=log_path, cache_dir=cache_dir)
 
 
 def _final_state(workdir):
-  with checkpoint.Checkpointer(os.path.join(workdir, "checkpoints")) as ckpt:
-    step = ckpt.latest_step()
-    shapes = ckpt.saved_shapes()  # restore whatever was saved, as stored, on one device
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    state, meta = ckpt.restore(checkpoint.abstract_state(shapes, jax.tree.map(lambda _: device, shapes)))
-  return step, jax.tree.map(np.asarray, state), meta
+  return testing.latest_checkpoint_state(os.path.join(workdir, "checkpoints"))
 
 
 def _metrics(workdir):

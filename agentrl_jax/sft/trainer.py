@@ -24,31 +24,13 @@ import numpy as np
 from agentrl_jax import checkpoint as ckpt_lib
 from agentrl_jax import data
 from agentrl_jax import metrics_writer
-from agentrl_jax.models import hf_io
+from agentrl_jax.models import hf_io, loading
 from agentrl_jax.models import sharding as sharding_lib
-from agentrl_jax.models import tokenizer as tok_lib
-from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.qwen import Qwen
 from agentrl_jax.rl import update as rl_update
 from agentrl_jax.sft import step as step_lib
 from agentrl_jax.sft import toy_data
 
 log = logging.getLogger(__name__)
-
-
-def _tokenizer_and_model_config(m: ml_collections.ConfigDict):
-  """The tokenizer and the ModelConfig (from the HF dir's config.json, or a named size sized to the vocab)."""
-  overrides = {k: m[k] for k in ("param_dtype", "dtype", "remat") if m.get(k) not in (None, "")}
-  if m.hf_path:
-    tokenizer = tok_lib.load_tokenizer(m.tokenizer_path or m.hf_path)
-    return tokenizer, ModelConfig.from_hf_config(m.hf_path, **overrides)
-  if m.tokenizer_path:
-    tokenizer = tok_lib.load_tokenizer(m.tokenizer_path)
-  else:
-    from agentrl_jax import testing  # the tiny BPE tokenizer, trained locally
-
-    tokenizer = testing.tiny_tokenizer()
-  return tokenizer, ModelConfig.by_name(m.size, vocab_size=len(tokenizer), **overrides)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
@@ -58,10 +40,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   ckpt_cfg = ckpt_lib.CheckpointConfig(**config.checkpoint)
   root = jax.random.key(config.seed)
   init_key, _ = jax.random.split(root)  # named keys: init; SFT has nothing stochastic beyond the data order
-  mesh_cfg = dict(config.mesh)
-  num_devices = mesh_cfg.pop("num_devices", 0)  # 0: all devices
-  mesh = sharding_lib.make_mesh(**mesh_cfg, devices=jax.devices()[:num_devices or None])
-  tokenizer, model_cfg = _tokenizer_and_model_config(config.model)
+  mesh = sharding_lib.mesh_from_config(config.mesh)
+  tokenizer, model_cfg = loading.tokenizer_and_config(config.model)
   log.info("sft: %s (%s params) on mesh %s", model_cfg.family, f"{model_cfg.param_count():,}", dict(mesh.shape))
 
   # ---------------------------------------------------------------------------------------------- data
@@ -90,12 +70,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   counters = {"skipped_conversations": 0, "trained_tokens": 0}
   if ckpt.latest_step() is None:
-    if config.model.hf_path:
-      model = hf_io.load_hf_checkpoint(config.model.hf_path, model_cfg, mesh=mesh)
-    else:
-      # Random init (smoke runs, tests): eager, then placed by init_train_state. Real runs load HF weights,
-      # which load_hf_checkpoint places tensor by tensor straight into their shardings.
-      model = Qwen(model_cfg, rngs=nnx.Rngs(params=init_key))
+    _, model = loading.load_policy(config.model, mesh, init_key)  # HF dir, our checkpoint, or random init
     graphdef, state = rl_update.init_train_state(model, opt_cfg, mesh)
     del model
     rng, step = jax.device_put(root, replicated), 0
