@@ -22,15 +22,13 @@ import ml_collections
 from agentrl_jax import data, rewards
 from agentrl_jax.data.records import PromptRecord
 from agentrl_jax.evaluation import metrics as metrics_lib
-from agentrl_jax.models import loading
-from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.rl import batch as batch_lib
 from agentrl_jax.rollout import engine as engine_lib
-from agentrl_jax.tools import base as tools_base
+from agentrl_jax.rollout import jobs
 
 log = logging.getLogger(__name__)
 # Evaluation scores the outcome only: no overlong penalty, no tool-call shaping.
-_NO_SHAPING = rewards.ShapingConfig(max_response_tokens=1, overlong_buffer_tokens=0, tool_call_bonus=0.0)
+_NO_SHAPING = jobs.OUTCOME_ONLY
 
 
 def evaluate(engine: engine_lib.RolloutEngine, params: nnx.State, records: Sequence[PromptRecord], *, n: int,
@@ -92,25 +90,13 @@ def load_sources(sources: Sequence[dict], data_dir: str, style: data.PromptStyle
 
 
 def prompt_style(block: ml_collections.ConfigDict | None) -> data.PromptStyle:
-  """`data.PromptStyle` from a config's `prompt_style` block: extra `(substring, template)` rules first."""
-  if block is None:
-    return data.PromptStyle()
-  rules = tuple(tuple(r) for r in block.get("extra_rules", ())) + data.PromptStyle().rules
-  return data.PromptStyle(rules=rules, default=block.get("default", "math_units"))
+  """`data.PromptStyle` from a config's `prompt_style` block (see `rollout.jobs.prompt_style`)."""
+  return jobs.prompt_style(block)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """The standalone evaluation job (module docstring)."""
-  root = jax.random.key(config.seed)
-  init_key, sample_key = jax.random.split(root)
-  mesh = sharding_lib.mesh_from_config(config.mesh)
-  tokenizer, model = loading.load_policy(config.model, mesh, init_key)
-  graphdef, params = nnx.split(model)
-  executor = tools_base.make_executor(engine_lib.tool_config(config.tools))
   ev = config.eval
-  engine = engine_lib.RolloutEngine.create(
-      graphdef, model.cfg, tokenizer, executor, engine_lib.rollout_config(config.rollout), temperature=ev.temperature,
-      top_p=ev.top_p, top_k=ev.top_k, advertise_tools=config.rollout.advertise_tools, mesh=mesh, params=params)
   sources = list(ev.sources)
   if not sources and config.get("eval_root"):
     from agentrl_jax.rl import recipe
@@ -121,11 +107,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   records = load_sources(sources, config.data.data_dir or os.path.join(workdir, "tfds"),
                          prompt_style(config.get("prompt_style")))
   log.info("eval: %d problems x %d samples", len(records), ev.n)
-  try:
-    metrics, rows = evaluate(engine, params, records, n=ev.n, key=sample_key,
+  with jobs.sampling_job(config, temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k) as job:
+    metrics, rows = evaluate(job.engine, job.params, records, n=ev.n, key=job.sample_key,
                              reward_cfg=rewards.RewardConfig(math_mode=config.reward.math_mode), ks=ev.ks)
-  finally:
-    executor.close()
   with open(os.path.join(workdir, "eval_rollouts.jsonl"), "w") as f:
     for row in rows:
       f.write(json.dumps(row) + "\n")
