@@ -8,7 +8,8 @@ Writes WORKDIR/trajectories.parquet (SFT schema: feed it to configs/sft_*.py as 
 same rows to trajectories.jsonl batch by batch, collect_report.jsonl (every episode's decision) and
 collect_summary.json. The filters (agentrl_jax/data/collect.py) are the `collect` block.
 Args: :smoke  the same at CPU size: a tiny model on the embedded arithmetic task with the real sandbox. A random
-              tiny model keeps nothing; start from a tiny SFT run with --config.model.checkpoint=<workdir>/checkpoints.
+              tiny model keeps nothing: give it a tiny SFT run with --config.model.checkpoint=<sft workdir>/checkpoints
+              (tests/data/test_collect_filter_cli_slow.py runs that chain on the scripted teacher's conversations).
 The synthetic `stitched` baseline is configs/stitch_solutions.py (same job, `builder = "stitched"`).
 """
 

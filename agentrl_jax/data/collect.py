@@ -403,7 +403,8 @@ def collect_episodes(episodes: Sequence[Episode], correct: Sequence[bool], respo
 
 @dataclasses.dataclass
 class CollectResult:
-  """What `run` returns: the summary (also in `collect_summary.json`), the kept rows and their episodes."""
+  """What `run` returns: the summary (also in `collect_summary.json`), the kept rows, and their episodes when
+  asked for (`keep_episodes`; they hold every token and log-prob, too much to keep for a large collection)."""
 
   summary: dict[str, Any]
   rows: list[dict[str, Any]]
@@ -415,8 +416,11 @@ def output_path(workdir: str, name: str) -> str:
   return name if os.path.isabs(name) or "://" in name else os.path.join(workdir, name)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> CollectResult:
-  """The collection job (module docstring); `config.builder == "stitched"` runs `data.stitched.run`."""
+def run(config: ml_collections.ConfigDict, workdir: str, *, keep_episodes: bool = False) -> CollectResult:
+  """The collection job (module docstring); `config.builder == "stitched"` runs `data.stitched.run`.
+
+  The kept rows stay in memory until the parquet is written (parquet needs them all to fix the nested types).
+  """
   # ---------------------------------------------------------------------------------------------- config
   builder = config.get("builder", "rollout")
   if builder == "stitched":
@@ -429,6 +433,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> CollectResult:
   from agentrl_jax.rollout import jobs
 
   cfg = CollectConfig(**config.collect)
+  if cfg.n > config.rollout.batch_size:
+    raise ValueError(f"collect.n={cfg.n} exceeds rollout.batch_size={config.rollout.batch_size} (a prompt's samples "
+                     "are decoded together)")
   reward_cfg = jobs.reward_config(config.reward)
   out_path = output_path(workdir, cfg.output)
   t_start = time.perf_counter()
@@ -468,7 +475,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> CollectResult:
       report_f.flush()
       rows_f.flush()
       rows += got.rows
-      kept_episodes += got.episodes
+      if keep_episodes:
+        kept_episodes += got.episodes
       log.info("collect: batch %d: %d episodes, %d kept (%d so far)", b + 1, len(episodes), len(got.rows), len(rows))
 
   # ---------------------------------------------------------------------------------------------- outputs

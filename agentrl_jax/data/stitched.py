@@ -268,7 +268,7 @@ def stitch(prompt: Sequence[dict[str, Any]], solution: str, *, answer: str | Non
     solution: the plain-text assistant solution.
     answer: the final answer if known (chooses the computation; appended as `\\boxed{}` when missing).
     cfg: the stitch settings.
-    executor: runs the code when `cfg.output_mode == "run"`.
+    executor: runs the code (required when `cfg.output_mode == "run"`).
     computation: the computation to splice in (default: `choose(find_computations(solution), answer)`).
 
   Returns:
@@ -278,6 +278,8 @@ def stitch(prompt: Sequence[dict[str, Any]], solution: str, *, answer: str | Non
   if comp is None:
     return Stitched(None, NOTHING_TO_COMPUTE, "no `expression = number` with a closed numeric expression")
   if cfg.output_mode == "run":
+    if executor is None:
+      raise ValueError("stitch: output_mode 'run' needs an executor")
     result = executor.submit(prepare_code(comp.code)).result()
     if result.status != "ok":
       return Stitched(None, RUN_FAILED, f"{result.status}: {format_result(result, 300)}", comp)

@@ -215,6 +215,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   from agentrl_jax.rollout import jobs
 
   cfg = FilterConfig(**config.filter)
+  if cfg.k > config.rollout.batch_size:
+    raise ValueError(f"filter.k={cfg.k} exceeds rollout.batch_size={config.rollout.batch_size} (a prompt's samples "
+                     "are decoded together)")
   band = cfg.band
   out_path = collect.output_path(workdir, cfg.output)
   report_path = collect.output_path(workdir, cfg.report)

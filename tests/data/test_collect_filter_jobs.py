@@ -77,7 +77,7 @@ def test_collect_sft_round_trip(toy_policy, tmp_path):
   # ---- collect: 2 greedy samples per prompt (identical, so the second is a near-duplicate)
   config = load("collect_trajectories", "smoke", **_policy_overrides(toy_policy),
                 **{"collect.n": 2, "collect.temperature": 0.0, "collect.max_per_prompt": 2})
-  result = collect.run(config, str(tmp_path / "collect"))
+  result = collect.run(config, str(tmp_path / "collect"), keep_episodes=True)
   report = [json.loads(line) for line in open(tmp_path / "collect" / "collect_report.jsonl")]
   decisions = {(r["index"], r["sample"]): r["decision"] for r in report}
   assert [decisions[(i, 0)] for i in range(4)] == [collect.KEPT] * 4, report
