@@ -28,6 +28,7 @@ A row with no solution, nothing to compute or a failed run is skipped, counted a
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -364,6 +365,7 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   from agentrl_jax.rollout import engine as engine_lib
   from agentrl_jax.tools import base as tools_base
 
+  # ---------------------------------------------------------------------------------------------- config & rows
   cfg = StitchConfig(**config.stitch)
   path = config.data.train_path
   if not path and config.data.get("toy_problems"):  # the :smoke source: toy problems with plain solutions
@@ -374,27 +376,34 @@ def run(config: ml_collections.ConfigDict, workdir: str):
                                    levels=config.data.toy_levels)).to_parquet(path)
   rows_in = solution_rows(config, workdir, cfg, path=path)
   tools = [TOOL_SCHEMA] if cfg.advertise_tools else []
+
+  # ---------------------------------------------------------------------------------------------- stitch
+  def one(row: SolutionRow) -> Stitched:
+    if not row.solution.strip():
+      return Stitched(None, NO_SOLUTION, "the row has no plain-text solution")
+    return stitch(row.prompt, row.solution, answer=row.answer, cfg=cfg, executor=executor)
+
   executor = tools_base.make_executor(engine_lib.tool_config(config.tools)) if cfg.output_mode == "run" else None
-  rows, counts, report = [], collections.Counter(), []
-  try:
-    for row in rows_in:
-      if not row.solution.strip():
-        got = Stitched(None, NO_SOLUTION, "the row has no plain-text solution")
-      else:
-        got = stitch(row.prompt, row.solution, answer=row.answer, cfg=cfg, executor=executor)
-      counts[got.reason] += 1
-      comp = got.computation
-      report.append({"index": row.index, "decision": got.reason, "detail": got.detail,
-                     "expression": comp.expression if comp else None, "stated": comp.stated if comp else None,
-                     "code": comp.code if comp else None, "output": got.output or None})
-      if got.messages is None:
-        log.info("stitch: skipping row %d: %s (%s)", row.index, got.reason, got.detail)
-        continue
-      record = rec.PromptRecord(row.prompt, row.data_source, row.answer or "", row.extra_info, row.index)
-      rows.append(collect.sft_row(got.messages, tools, record, output_mode=cfg.output_mode))
+  try:  # rows in parallel: each waits on its sandbox run
+    with concurrent.futures.ThreadPoolExecutor(max_workers=executor.max_concurrency if executor else 1) as pool:
+      results = list(pool.map(one, rows_in))
   finally:
     if executor is not None:
       executor.close()
+  rows, counts, report = [], collections.Counter(), []
+  for row, got in zip(rows_in, results):
+    counts[got.reason] += 1
+    comp = got.computation
+    report.append({"index": row.index, "decision": got.reason, "detail": got.detail,
+                   "expression": comp.expression if comp else None, "stated": comp.stated if comp else None,
+                   "code": comp.code if comp else None, "output": got.output or None})
+    if got.messages is None:
+      log.info("stitch: skipping row %d: %s (%s)", row.index, got.reason, got.detail)
+      continue
+    record = rec.PromptRecord(row.prompt, row.data_source, row.answer or "", row.extra_info, row.index)
+    rows.append(collect.sft_row(got.messages, tools, record, output_mode=cfg.output_mode))
+
+  # ---------------------------------------------------------------------------------------------- outputs
   out_path = collect.output_path(workdir, cfg.output)
   if rows:
     collect.write_sft_parquet(out_path, rows)
