@@ -16,6 +16,8 @@ common.train_flops_per_token: 6 N + 12 L n_heads head_dim T per token, PaLM's co
 tunix_tok_s = B*T / best step seconds; speedup = their ratio. Best-of-run because on a shared machine every
 slower sample measured someone else's load; *_median fields (median of per-round bests) and the per-round
 ratios speedup_round_* show the spread. loss_rel_diff compares the two first-step losses (same math check).
+cpu_share_median = process CPU seconds / (wall seconds x cores) during the timed steps: below 1, other
+processes had part of the cores (the step's MFU is then capped at about that share of the matmul peak).
 """
 
 from __future__ import annotations
@@ -72,10 +74,12 @@ class TunixWorker:
             raise RuntimeError(f"Tunix worker exited with code {self.proc.wait()} (its stderr is above)")
         return json.loads(line)
 
-    def run(self, n: int) -> list[float]:
+    def run(self, n: int) -> tuple[list[float], list[float]]:
+        """(wall seconds, process CPU seconds) of n steps."""
         self.proc.stdin.write(f"run {n}\n")
         self.proc.stdin.flush()
-        return self._read()["times"]
+        out = self._read()
+        return out["times"], out["cpu"]
 
     def close(self):
         if self.proc.poll() is None:
@@ -142,20 +146,24 @@ def run(args) -> dict:
             common.log(f"[bench.update] WARNING: first-step losses differ (ours {first['loss']}, Tunix {tf['loss']}):"
                        " the two steps do not compute the same thing (Tunix ignores rope_theta: use 1e6)")
 
-    ours_best, tunix_best, peaks, speedups = [], [], [], []
+    cores = len(os.sched_getaffinity(0))
+    ours_best, tunix_best, peaks, speedups, ours_cpu, tunix_cpu = [], [], [], [], [], []
     try:
         for r in range(args.rounds):
             peaks.append(common.matmul_peak_flops(args.matmul_n, repeats=args.matmul_repeats))
             times = []
             for i in range(args.steps):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 state, metrics = update(state, batch, jax.random.key(i))  # the old state is donated
                 jax.block_until_ready((state, metrics))
                 times.append(time.perf_counter() - t0)
+                ours_cpu.append((time.process_time() - c0) / times[-1] / cores)
             ours_best.append(min(times))
             msg = f"round {r}: matmul {peaks[-1] / 1e9:.1f} GFLOP/s, ours {ours_best[-1]:.3f} s"
             if worker is not None:
-                tunix_best.append(min(worker.run(args.steps)))
+                wall, cpu = worker.run(args.steps)
+                tunix_best.append(min(wall))
+                tunix_cpu += [c / w / cores for c, w in zip(cpu, wall)]
                 speedups.append(tunix_best[-1] / ours_best[-1])
                 msg += f", tunix {tunix_best[-1]:.3f} s (ours {speedups[-1]:.2f}x)"
             common.log("[bench.update] " + msg)
@@ -169,10 +177,11 @@ def run(args) -> dict:
     out.update(mfu=flops_per_step / min(ours_best) / peak, mfu_median=flops_per_step / med(ours_best) / peak,
                tok_s=tokens_per_step / min(ours_best), tok_s_median=tokens_per_step / med(ours_best),
                peak_gflops=peak / 1e9, peak_gflops_median=med(peaks) / 1e9,
-               achieved_gflops=flops_per_step / min(ours_best) / 1e9)
+               achieved_gflops=flops_per_step / min(ours_best) / 1e9,
+               cpu_share_median=med(ours_cpu), cores=cores)
     if worker is not None:
         out.update(tunix_tok_s=tokens_per_step / min(tunix_best), tunix_tok_s_median=tokens_per_step / med(tunix_best),
-                   tunix_mfu=flops_per_step / min(tunix_best) / peak,
+                   tunix_mfu=flops_per_step / min(tunix_best) / peak, tunix_cpu_share_median=med(tunix_cpu),
                    speedup=tokens_per_step / min(ours_best) / (tokens_per_step / min(tunix_best)),
                    speedup_round_median=med(speedups), speedup_round_min=min(speedups),
                    speedup_round_max=max(speedups))

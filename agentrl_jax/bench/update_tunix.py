@@ -11,7 +11,8 @@ clip 1.0 then AdamW.
 
 Protocol (stdout, one JSON object per line): after loading and one compiled step it prints
 {"ready": true, "compile_s", "loss", "entropy", "pg_clipfrac", "grad_norm"} (values of that first step); then
-for each stdin line "run N" it runs N steps and prints {"times": [...]} (seconds per step); "quit" ends it.
+for each stdin line "run N" it runs N steps and prints {"times": [...], "cpu": [...]} (wall and process CPU
+seconds per step); "quit" ends it.
 """
 
 from __future__ import annotations
@@ -90,12 +91,13 @@ def main() -> None:
             cmd = line.split()
             if not cmd or cmd[0] == "quit":
                 break
-            times = []
+            times, cpu = [], []
             for _ in range(int(cmd[1])):
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 jax.block_until_ready(step(model, optimizer, example))
                 times.append(time.perf_counter() - t)
-            print(json.dumps({"times": times}), flush=True)
+                cpu.append(time.process_time() - c)
+            print(json.dumps({"times": times, "cpu": cpu}), flush=True)
 
 
 if __name__ == "__main__":
