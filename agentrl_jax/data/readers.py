@@ -56,7 +56,7 @@ class Schema:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def iter_rows(path: str) -> Iterator[tuple[int, Mapping[str, Any] | MalformedRow]]:
+def iter_rows(path: str) -> Iterator[tuple[int, Mapping[str, Any] | rec.MalformedRow]]:
   """Yields `(row_index, row)` from a parquet or JSONL file; an unparsable JSONL line yields a MalformedRow.
 
   Raises:

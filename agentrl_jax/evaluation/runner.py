@@ -89,11 +89,6 @@ def load_sources(sources: Sequence[dict], data_dir: str, style: data.PromptStyle
   return records
 
 
-def prompt_style(block: ml_collections.ConfigDict | None) -> data.PromptStyle:
-  """`data.PromptStyle` from a config's `prompt_style` block (see `rollout.jobs.prompt_style`)."""
-  return jobs.prompt_style(block)
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """The standalone evaluation job (module docstring)."""
   ev = config.eval
@@ -105,11 +100,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if not sources:
     raise ValueError("config.eval.sources is empty and config.eval_root is not set: nothing to evaluate")
   records = load_sources(sources, config.data.data_dir or os.path.join(workdir, "tfds"),
-                         prompt_style(config.get("prompt_style")))
+                         jobs.prompt_style(config.get("prompt_style")))
   log.info("eval: %d problems x %d samples", len(records), ev.n)
   with jobs.sampling_job(config, temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k) as job:
     metrics, rows = evaluate(job.engine, job.params, records, n=ev.n, key=job.sample_key,
-                             reward_cfg=rewards.RewardConfig(math_mode=config.reward.math_mode), ks=ev.ks)
+                             reward_cfg=jobs.reward_config(config.reward), ks=ev.ks)
   with open(os.path.join(workdir, "eval_rollouts.jsonl"), "w") as f:
     for row in rows:
       f.write(json.dumps(row) + "\n")

@@ -36,33 +36,11 @@ from agentrl_jax.rl import batch as batch_lib
 from agentrl_jax.rl import losses
 from agentrl_jax.rl import update as update_lib
 from agentrl_jax.rollout import engine as engine_lib
+from agentrl_jax.rollout import jobs
 from agentrl_jax.rollout.episode import collate
-from agentrl_jax.tasks import arithmetic, digits
 from agentrl_jax.tools import base as tools_base
 
 log = logging.getLogger(__name__)
-
-
-def _train_source(config: ml_collections.ConfigDict, workdir: str) -> str:
-  """The training prompt file: `data.train_path`, or the embedded arithmetic task written into the workdir."""
-  if config.data.train_path:
-    return config.data.train_path
-  if not config.data.toy_problems:
-    raise ValueError("config.data.train_path is empty and config.data.toy_problems is 0: no prompts to train on")
-  path = os.path.join(workdir, f"toy_{config.data.toy_task}.parquet")
-  if os.path.exists(path):
-    return path
-  if config.data.toy_task == "arithmetic":
-    problems = arithmetic.make_problems(config.data.toy_problems, levels=tuple(config.data.toy_levels),
-                                        seed=config.seed)
-    arithmetic.write_rl_parquet(path, problems)
-  elif config.data.toy_task == "digits":
-    import pandas as pd
-
-    pd.DataFrame(digits.rl_rows(config.data.toy_problems)).to_parquet(path)
-  else:
-    raise ValueError(f"config.data.toy_task: unknown {config.data.toy_task!r} (arithmetic, digits)")
-  return path
 
 
 def _mean(xs):
@@ -75,8 +53,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   rl = config.rl
   loss_cfg = losses.LossConfig(**rl.loss)
   adv_cfg = adv_lib.AdvantageConfig(**rl.advantage)
-  reward_cfg = rewards.RewardConfig(math_mode=config.reward.math_mode,
-                                    sources=tuple(tuple(s) for s in config.reward.get("sources", ())))
+  reward_cfg = jobs.reward_config(config.reward)
   shaping_cfg = rewards.ShapingConfig(
       max_response_tokens=config.rollout.max_response_len, overlong_buffer_tokens=config.reward.overlong_buffer_tokens,
       overlong_penalty_factor=config.reward.overlong_penalty_factor, tool_call_bonus=config.reward.tool_call_bonus,
@@ -97,9 +74,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   mesh = sharding_lib.mesh_from_config(config.mesh)
 
   # ---------------------------------------------------------------------------------------------- data
-  style = eval_runner.prompt_style(config.get("prompt_style"))
+  style = jobs.prompt_style(config.get("prompt_style"))
   data_dir = config.data.data_dir or os.path.join(workdir, "tfds")
-  prepared = data.prepare(data.SourceConfig(path=_train_source(config, workdir), schema=config.data.train_schema,
+  prepared = data.prepare(data.SourceConfig(path=jobs.prompt_file(config, workdir), schema=config.data.train_schema,
                                             data_dir=data_dir, skip_malformed=config.data.skip_malformed))
   pipe_cfg = data.PipelineConfig(batch_size=rl.prompts_per_step, seed=config.seed, shuffle=config.data.shuffle)
   data_iter = iter(data.prompt_batches(prepared.data_source, pipe_cfg, style=style))

@@ -101,6 +101,8 @@ def sampling_job(config: ml_collections.ConfigDict, *, temperature: float, top_p
 
 def reward_config(block: ml_collections.ConfigDict) -> rewards.RewardConfig:
   """`RewardConfig` from a config's `reward` block (`math_mode`, and extra `[data_source, kind]` pairs)."""
+  import agentrl_jax.tasks  # noqa: F401  (the embedded tasks' reward kinds must be registered first)
+
   return rewards.RewardConfig(math_mode=block.math_mode, sources=tuple(tuple(s) for s in block.get("sources", ())))
 
 
@@ -113,21 +115,27 @@ def prompt_style(block: ml_collections.ConfigDict | None) -> data.PromptStyle:
 
 
 def prompt_file(config: ml_collections.ConfigDict, workdir: str) -> str:
-  """The prompt file of a job: `data.train_path`, or the embedded arithmetic task written into the workdir
-  (`data.toy_problems` problems of `data.toy_levels`, seeded by `config.seed`)."""
+  """The prompt file of a job: `data.train_path`, or an embedded task written into the workdir: `data.toy_task`
+  "arithmetic" (`data.toy_problems` problems of `data.toy_levels`, seeded by `config.seed`) or "digits" (the
+  RL sanity task)."""
   if config.data.train_path:
     return config.data.train_path
   if not config.data.get("toy_problems"):
     raise ValueError("config.data.train_path is empty and config.data.toy_problems is 0: no prompts")
-  if config.data.get("toy_task", "arithmetic") != "arithmetic":
-    raise ValueError(f"config.data.toy_task: only 'arithmetic' is built here, got {config.data.toy_task!r}")
-  from agentrl_jax.tasks import arithmetic
+  from agentrl_jax.tasks import arithmetic, digits
 
-  path = os.path.join(workdir, "toy_arithmetic.parquet")
-  if not os.path.exists(path):
+  task = config.data.get("toy_task", "arithmetic")
+  path = os.path.join(workdir, f"toy_{task}.parquet")
+  if os.path.exists(path):
+    return path
+  if task == "arithmetic":
     problems = arithmetic.make_problems(config.data.toy_problems, levels=tuple(config.data.toy_levels),
                                         seed=config.seed)
     arithmetic.write_rl_parquet(path, problems)
+  elif task == "digits":
+    digits.write_rl_parquet(path, config.data.toy_problems)
+  else:
+    raise ValueError(f"config.data.toy_task: unknown {task!r} (arithmetic, digits)")
   return path
 
 

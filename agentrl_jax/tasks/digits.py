@@ -33,5 +33,12 @@ def rl_rows(n: int) -> list[dict]:
           for i in range(n)]
 
 
+def write_rl_parquet(path: str, n: int) -> str:
+  import pandas as pd
+
+  pd.DataFrame(rl_rows(n)).to_parquet(path)
+  return path
+
+
 if KIND not in rewards.SCORERS:
   rewards.register(KIND, score)

@@ -19,7 +19,7 @@ TOOL_NAME = "code_interpreter"
 
 def tool_call_text(expression: str) -> str:
   """The hermes tool-call text for `print(expression)`, exactly as the chat template renders it."""
-  args = json.dumps({"code": f"print({expression})"})
+  args = json.dumps({"code": f"print({expression})"}, ensure_ascii=False)  # as HF's `tojson` renders it
   return f'<tool_call>\n{{"name": "{TOOL_NAME}", "arguments": {args}}}\n</tool_call>'
 
 
