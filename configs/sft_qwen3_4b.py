@@ -13,6 +13,8 @@ Killed runs resume from the latest checkpoint in `--workdir` with the same comma
 
 import ml_collections
 
+from agentrl_jax.models import loading
+
 
 def get_config(arg=None):
   if arg not in (None, "", "smoke"):
@@ -23,14 +25,14 @@ def get_config(arg=None):
   config.seed = 0
 
   # The model's size and tokenizer come from the HF directory (config.json, tokenizer files).
-  config.model = ml_collections.ConfigDict(dict(
-      size="qwen3_4b",          # used only without hf_path (random init), e.g. smoke runs
-      hf_path="",               # local HF checkpoint directory (required for real runs)
+  config.model = loading.model_block(
+      size="qwen3_4b",          # used only without hf_path / checkpoint (random init), e.g. smoke runs
+      hf_path="",               # local HF checkpoint directory (the base model of a real run)
       tokenizer_path="",        # default: hf_path
       param_dtype="float32",    # master weights and Adam moments
       dtype="bfloat16",         # activations and matmuls
       remat=True,
-  ))
+  )
   config.data = ml_collections.ConfigDict(dict(
       path="",                  # the recipe's SFT parquet (`messages`, `tools`) or JSONL
       data_dir="",              # built ArrayRecord datasets; default WORKDIR/tfds

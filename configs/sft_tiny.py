@@ -6,6 +6,8 @@ Args: `:overfit` trains 80 steps on four conversations at a high learning rate (
 
 import ml_collections
 
+from agentrl_jax.models import loading
+
 
 def get_config(arg=None):
   if arg not in (None, "", "overfit"):
@@ -13,8 +15,7 @@ def get_config(arg=None):
   config = ml_collections.ConfigDict()
   config.job = "sft"
   config.seed = 0
-  config.model = ml_collections.ConfigDict(dict(size="tiny_qwen3", hf_path="", tokenizer_path="",
-                                                param_dtype="float32", dtype="float32", remat=False))
+  config.model = loading.model_block(size="tiny_qwen3", param_dtype="float32", dtype="float32")
   config.data = ml_collections.ConfigDict(dict(path="", data_dir="", skip_malformed_rows=True, shuffle=True,
                                                toy_conversations=12, toy_malformed=2,
                                                toy_tools=True))
