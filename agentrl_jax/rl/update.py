@@ -296,8 +296,9 @@ def make_update_fn(
     clip by global norm -> skip if the norm or the loss is not finite (state returned unchanged) -> AdamW.
     `rng` is accepted for a stable signature (nothing stochastic yet: no dropout).
 
-    Compiles once per (B, T) and set of batch keys: bucket shapes upstream. With a data-parallel mesh, B and
-    micro_batch_size should be multiples of data * fsdp.
+    Compiles once per (B, T) and set of batch keys: bucket shapes upstream. Every batch array is sharded along B
+    over data x fsdp, so B must be a multiple of data * fsdp (JAX raises IndivisibleError otherwise), and
+    micro_batch_size should be one too (else each micro-batch is replicated: correct, but not data-parallel).
 
     Args:
       graphdef: from init_train_state.
