@@ -15,7 +15,8 @@ Batch layout (every array is token-aligned, [B, T] unless noted; B is the mini-b
   sampler_logp  f32  [B, T]  optional; the sampler's log-probs (needed when LossConfig.tis_cap is set).
   ref_logp      f32  [B, T]  reference log-probs; required iff LossConfig.needs_reference (KL on).
   positions     int  [B, T]  optional RoPE positions (packed rows); default arange(T).
-  segment_ids   int  [B, T]  optional packed-sequence ids.
+  segment_ids   int  [B, T]  optional packed-sequence ids (the first token of each segment must have mask 0:
+                             it is scored from the previous segment's last position).
 Log-prob alignment: the model's output at position t predicts token t + 1, so `logp[:, t]` scores `tokens[:, t]`
 using the hidden state at t - 1; `logp[:, 0]` is 0 and position 0 is never trained (the mask there is ignored).
 """
