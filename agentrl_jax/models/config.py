@@ -39,6 +39,8 @@ class ModelConfig:
     param_dtype: storage dtype of the weights ("float32" or "bfloat16").
     dtype: compute dtype of activations and matmuls; logits are always float32.
     remat: rematerialise each decoder layer in the backward pass (saves activation memory).
+    attention_block: query block of causal self-attention without a cache (training, scoring): each block
+      skips the keys above the diagonal; 0 = one dense [T, T] block. A compute setting, not part of HF configs.
     bos_token_id, eos_token_id: carried through for HF export.
   """
 
@@ -59,6 +61,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"
   remat: bool = False
+  attention_block: int = 256
   bos_token_id: int | None = 151643
   eos_token_id: int | None = 151645
 
@@ -75,6 +78,8 @@ class ModelConfig:
                        f"num_kv_heads={self.num_kv_heads}")
     if self.head_dim % 2:
       raise ValueError(f"ModelConfig.head_dim: RoPE needs an even head_dim, got {self.head_dim}")
+    if not isinstance(self.attention_block, int) or self.attention_block < 0:
+      raise ValueError(f"ModelConfig.attention_block: must be an int >= 0, got {self.attention_block!r}")
     if self.rope_theta <= 0:
       raise ValueError(f"ModelConfig.rope_theta: must be > 0, got {self.rope_theta}")
     if not 0 < self.rms_norm_eps < 1:

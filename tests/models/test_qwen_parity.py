@@ -94,3 +94,18 @@ def test_jitted_decode_matches_eager(hf_checkpoint):
   b, cache_b = eager(tokens, cache=KVCache.init(cfg, batch=2, max_len=8))
   assert _maxdiff(a, b) <= 1e-5
   assert _maxdiff(cache_a.k[0], cache_b.k[0]) <= 1e-5
+
+
+def test_blocked_attention_parity(hf_checkpoint):
+  """Causal query-block attention (training path, long T) equals transformers and our dense form, packed too."""
+  cfg, path = hf_checkpoint
+  blocked = testing.jit_forward(hf_io.load_hf_checkpoint(path, attention_block=5))
+  dense = testing.jit_forward(hf_io.load_hf_checkpoint(path, attention_block=0))
+  tokens = testing.random_tokens(jax.random.key(7), 2, 17, cfg.vocab_size)
+  hf = testing.load_hf_torch(path)
+  assert _maxdiff(blocked(tokens)[0], testing.hf_logits(hf, tokens)) <= TOL
+  segments = jnp.asarray([[1] * 6 + [2] * 11, [1] * 12 + [2] * 3 + [0] * 2])
+  positions = jnp.asarray([list(range(6)) + list(range(11)), list(range(12)) + list(range(3)) + [0, 0]])
+  a = blocked(tokens, segment_ids=segments, positions=positions)[0]
+  b = dense(tokens, segment_ids=segments, positions=positions)[0]
+  assert _maxdiff(a, b) <= 1e-5
