@@ -31,12 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentrl_jax.rollout import episode as episode_lib
-from agentrl_jax.rollout.chat import ToolResponseRenderer
+from agentrl_jax.rollout.chat import ToolResponseRenderer, stop_token_ids
 from agentrl_jax.rollout.config import RolloutConfig
 from agentrl_jax.rollout.episode import CallInfo, Episode, TurnInfo
 from agentrl_jax.rollout.parser import ToolCall, parse_tool_calls
 from agentrl_jax.sampling import sampler as sampler_lib
-from agentrl_jax.sampling.config import StopReason, bucket, pow2_bucket
+from agentrl_jax.sampling.config import SamplingConfig, StopReason, bucket, pow2_bucket
 from agentrl_jax.sampling.sampler import Sampler
 from agentrl_jax.tools.base import ExecResult, Executor
 from agentrl_jax.tools.code_interpreter import format_result, prepare_code, truncate_middle
@@ -105,6 +105,18 @@ class _Row:
     self.lp_sample.append(float(ls))
 
 
+def sampling_config(tokenizer, cfg: RolloutConfig, **kw) -> SamplingConfig:
+  """The sampling settings `run_rollout` expects for `cfg`: the tokenizer's end tokens, and a pause at
+  `</tool_call>` when one call per turn is executed (with more, turns run to `<|im_end|>`).
+
+  Args:
+    **kw: temperature, top_p, top_k, greedy.
+  """
+  end, tool_end = stop_token_ids(tokenizer)
+  return SamplingConfig(end_token_ids=end, tool_end_token_ids=tool_end if cfg.max_calls_per_turn == 1 else (),
+                        segment_len=cfg.segment_len, **kw)
+
+
 def _check_prompts(prompts, n, cfg: RolloutConfig, scripts, sampler: Sampler):
   if n < 1 or n > cfg.batch_size:
     raise ValueError(f"run_rollout: n must be in [1, batch_size={cfg.batch_size}], got {n}")
@@ -113,6 +125,9 @@ def _check_prompts(prompts, n, cfg: RolloutConfig, scripts, sampler: Sampler):
   if sampler.sampling.segment_len != cfg.segment_len:
     raise ValueError(f"run_rollout: sampler segment_len {sampler.sampling.segment_len} != RolloutConfig.segment_len "
                      f"{cfg.segment_len}")
+  if cfg.max_calls_per_turn > 1 and sampler.sampling.tool_end_token_ids:
+    raise ValueError("run_rollout: RolloutConfig.max_calls_per_turn > 1 needs a sampler that does not stop at "
+                     "</tool_call> (build its SamplingConfig with rollout.sampling_config)")
   for i, p in enumerate(prompts):
     if len(p) == 0:
       raise ValueError(f"run_rollout: prompt {i} is empty")
@@ -343,26 +358,43 @@ def run_rollout(
       chunks[slot] = chunk
     if not chunks:
       return
-    t = bucket(max(len(c) for c in chunks.values()), cfg.chunk_bucket_min)
-    tokens = np.zeros((b, t), np.int32)
-    lengths = np.zeros((b,), np.int32)
-    budgets = np.zeros((b,), np.int32)
-    forced = np.full((b, f_len), -1, np.int32) if f_len else None
-    for slot, c in chunks.items():
-      r = rows[slot]
-      tokens[slot, :len(c)] = c
-      lengths[slot] = len(c)
-      budgets[slot] = cfg.max_response_len - len(r.resp)
-      r.cache_len += len(c)
-      r.status = "active"
-      if forced is not None:
-        forced[slot] = forced_row(r.ep, len(r.turns))
-    ensure_capacity(max(rows[s].cache_len for s in chunks) + 1)
-    state, draw = sampler.extend(params, state, tokens, lengths, budgets, forced)
-    stats.extend_calls += 1
-    stats.padded_prefill_tokens += b * t
-    slots_sorted = sorted(chunks)
-    pending_draws.append((slots_sorted, _take_rows(draw, np.asarray(slots_sorted))))
+    order = sorted(chunks)
+    for slot in order:
+      row = rows[slot]
+      row.cache_len += len(chunks[slot])
+      row.status = "active"
+    ensure_capacity(max(rows[s].cache_len for s in order) + 1)
+    # Fixed [R, T] calls (R = extend_rows, T = chunk_len): extend compiles once per cache capacity, whatever the
+    # number of resuming rows and the lengths of their tool responses. A longer chunk takes several calls.
+    r, t = cfg.extend_rows or max(1, b // 8), cfg.chunk_len
+    pieces = [(slot, j) for slot in order for j in range(-(-len(chunks[slot]) // t))]
+    pieces.sort(key=lambda p: p[1])  # all first pieces, then all second pieces, ...
+    for lo in range(0, len(pieces), r):
+      call = pieces[lo:lo + r]
+      rows_idx = np.full((r,), b, np.int32)
+      tokens = np.zeros((r, t), np.int32)
+      lengths = np.zeros((r,), np.int32)
+      final = np.zeros((r,), np.bool_)
+      budgets = np.zeros((r,), np.int32)
+      forced = np.full((r, f_len), -1, np.int32) if f_len else None
+      drew = []
+      for i, (slot, j) in enumerate(call):
+        c, row = chunks[slot][j * t:(j + 1) * t], rows[slot]
+        rows_idx[i] = slot
+        tokens[i, :len(c)] = c
+        lengths[i] = len(c)
+        final[i] = (j + 1) * t >= len(chunks[slot])
+        if final[i]:
+          drew.append((i, slot))
+          budgets[i] = cfg.max_response_len - len(row.resp)
+          if forced is not None:
+            forced[i] = forced_row(row.ep, len(row.turns))
+      state, draw = sampler.extend(params, state, rows_idx, tokens, lengths, final, budgets, forced)
+      stats.extend_calls += 1
+      stats.padded_prefill_tokens += r * t
+      if drew:
+        idx = np.asarray([i for i, _ in drew])
+        pending_draws.append(([s for _, s in drew], jax.tree.map(lambda x, idx=idx: x[idx], draw)))
 
   def waiting_slots():
     return [i for i, r in enumerate(rows) if r is not None and r.status == "waiting"]
@@ -386,7 +418,7 @@ def run_rollout(
       if not cfg.overlap_tools and waiting_slots():
         wait_tools(all_of=True)  # pause mode: the whole batch waits for every tool call
       ready = ready_slots()
-      if ready:
+      if ready and (len(ready) >= cfg.min_resume_rows or not active or not cfg.overlap_tools):
         resume_ready(ready)
       if queue:
         start_groups()
@@ -427,6 +459,3 @@ def run_rollout(
                   if v - traces_before.get(k, 0)}
   return [done[i] for i in sorted(done)], stats
 
-
-def _take_rows(draw, slots: np.ndarray):
-  return jax.tree.map(lambda x: x[slots], draw)

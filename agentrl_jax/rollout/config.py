@@ -25,9 +25,14 @@ class RolloutConfig:
     segment_len: most decode steps per compiled decode call (the host checks for paused rows in between).
     min_tool_stops: with `overlap_tools`, a decode call returns early once this many rows paused at a tool call,
       so their tools start sooner.
+    min_resume_rows: with `overlap_tools`, rows whose tools returned are resumed (one extend call) once this many
+      are ready, or when no row is decoding.
     groups_per_prefill: most prompt groups prefilled by one call (their count is bucketed to a power of two).
     prompt_bucket_min: smallest prompt-length bucket (buckets: x2 and x1.5 steps).
-    chunk_bucket_min: smallest tool-response chunk bucket.
+    chunk_len: tokens per extend call and row: a tool response (plus the pending token) is appended in chunks
+      of this length, so extend compiles once per cache capacity.
+    extend_rows: rows per extend call (default None: batch_size // 8, at least 1); more resuming rows take more
+      calls.
     cache_bucket_min: smallest KV cache capacity; the cache grows in buckets as rows get longer.
     tool_names: tools the model may call.
   """
@@ -42,18 +47,23 @@ class RolloutConfig:
   overlap_tools: bool = True
   segment_len: int = 64
   min_tool_stops: int = 1
+  min_resume_rows: int = 1
   groups_per_prefill: int = 8
   prompt_bucket_min: int = 64
-  chunk_bucket_min: int = 32
+  chunk_len: int = 64
+  extend_rows: int | None = None
   cache_bucket_min: int = 256
   tool_names: tuple[str, ...] = ("code_interpreter",)
 
   def __post_init__(self):
     for name in ("batch_size", "max_turns", "max_response_len", "max_prompt_len", "max_calls_per_turn", "segment_len",
-                 "min_tool_stops", "groups_per_prefill", "prompt_bucket_min", "chunk_bucket_min", "cache_bucket_min"):
+                 "min_tool_stops", "min_resume_rows", "groups_per_prefill", "prompt_bucket_min", "chunk_len", "cache_bucket_min"):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"RolloutConfig.{name}: must be an int >= 1, got {value!r}")
+    if self.extend_rows is not None and not (isinstance(self.extend_rows, int) and 1 <= self.extend_rows
+                                             <= self.batch_size):
+      raise ValueError(f"RolloutConfig.extend_rows: must be None or an int in [1, batch_size], got {self.extend_rows!r}")
     if not isinstance(self.max_tool_output_chars, int) or self.max_tool_output_chars < 64:
       raise ValueError(f"RolloutConfig.max_tool_output_chars: must be an int >= 64, got {self.max_tool_output_chars!r}")
     if not self.tool_names or not all(isinstance(t, str) and t for t in self.tool_names):

@@ -242,43 +242,60 @@ def extend(
     sampling: SamplingConfig,
     params: nnx.State,
     state: SamplingState,
-    chunk: Int[Array, "B T"],
-    chunk_lengths: Int[Array, "B"],
-    budgets: Int[Array, "B"],
-    forced: Int[Array, "B F"] | None = None,
+    rows: Int[Array, "R"],
+    chunk: Int[Array, "R T"],
+    chunk_lengths: Int[Array, "R"],
+    final: Array,
+    budgets: Int[Array, "R"],
+    forced: Int[Array, "R F"] | None = None,
 ) -> tuple[SamplingState, Draw]:
-  """Appends `chunk[b, :chunk_lengths[b]]` to row b's cache and draws its next token (rows with length 0 keep
-  their state): one batched forward for all rows that resume after a tool call.
+  """Appends `chunk[r, :chunk_lengths[r]]` to the cache of row slot `rows[r]` and draws that row's next token:
+  one forward for all rows that resume after a tool call.
+
+  Only the R resuming rows are computed: their caches are gathered into an R-row cache, extended, and
+  scattered back (a copy of R rows of the cache, far cheaper than a forward over all B rows x T tokens).
 
   Args:
-    chunk: `[B, T]` right-padded tokens (T bucketed); a resuming row's chunk starts with its pending token.
-    chunk_lengths: `[B]` tokens to append per row; 0 leaves the row as it is.
-    budgets: `[B]` draws allowed to each extended row from now on.
-    forced: `[B, F]` teacher-forced tokens of the extended rows' next turn, when enabled.
+    rows: `[R]` row slots to extend; index B (out of range) marks a padding entry.
+    chunk: `[R, T]` right-padded tokens (T bucketed); a resuming row's chunk starts with its pending token.
+    chunk_lengths: `[R]` tokens to append per row (>= 1 for real entries).
+    final: `[R]` bool, this chunk ends the row's pending input: draw its next token and resume it. A long
+      input is appended in several fixed-size chunks (so extend compiles once per cache capacity); only the
+      last one draws.
+    budgets: `[R]` draws allowed to each extended row from now on.
+    forced: `[R, F]` teacher-forced tokens of the rows' next turn, when enabled.
 
   Returns:
-    `(state, Draw)` with one entry per row (meaningful where `chunk_lengths > 0`).
+    `(state, Draw)` with one entry per element of `rows`.
   """
   TRACE_COUNTS["extend"] += 1
   model = nnx.merge(graphdef, params)
-  hidden, cache = model(chunk, cache=state.cache, chunk_lengths=chunk_lengths, return_hidden=True)
-  logits = model.unembed(_last_hidden(hidden, chunk_lengths))
+  b = state.batch
+  valid = rows < b
+  sub = state.cache.select_rows(jnp.minimum(rows, b - 1))  # [R, S]
+  lengths = jnp.where(valid, chunk_lengths, 0)
+  hidden, sub = model(chunk, cache=sub, chunk_lengths=lengths, return_hidden=True)
+  logits = model.unembed(_last_hidden(hidden, lengths))
   key, draw_key = jax.random.split(state.key)
-  on = chunk_lengths > 0
-  forced_now = None if forced is None else jnp.where(on, forced[:, 0], -1)
+  forced_now = None if forced is None else forced[:, 0]
   token, logp_raw, logp_sample = logits_lib.sample(logits, draw_key, sampling, forced_now)
   reason = _stop_after(token, budgets, sampling)
+  write = lambda big, new: sharding_lib.shard(big.at[rows].set(new.astype(big.dtype), mode="drop"), CACHE_AXES)
+  cache = state.cache
+  cache = cache.replace(k=tuple(map(write, cache.k, sub.k)), v=tuple(map(write, cache.v, sub.v)),
+                        lengths=_set_rows(cache.lengths, rows, sub.lengths))
+  drawn = jnp.where(final, rows, b)  # rows that draw; the others only append to their cache
   new = state.replace(
       cache=cache,
-      last_token=jnp.where(on, token, state.last_token),
-      active=jnp.where(on, reason == StopReason.RUNNING, state.active),
-      stop_reason=jnp.where(on, reason, state.stop_reason),
-      budget=jnp.where(on, budgets - 1, state.budget),
+      last_token=_set_rows(state.last_token, drawn, token),
+      active=_set_rows(state.active, drawn, reason == StopReason.RUNNING),
+      stop_reason=_set_rows(state.stop_reason, drawn, reason),
+      budget=_set_rows(state.budget, drawn, budgets - 1),
       key=key,
   )
   if state.forced is not None:
-    new = new.replace(forced=jnp.where(on[:, None], forced, state.forced),
-                      forced_pos=jnp.where(on, 1, state.forced_pos))
+    new = new.replace(forced=_set_rows(state.forced, drawn, forced),
+                      forced_pos=_set_rows(state.forced_pos, drawn, jnp.ones_like(rows)))
   return new, Draw(token, logp_raw, logp_sample, reason)
 
 
@@ -446,10 +463,6 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
                                                    forced_len=n_forced))
       return _state_shardings(abstract, mesh)
 
-    def draw_sh(rows):
-      s = _rows_sharding(mesh, (rows,))
-      return Draw(s, s, s, s)
-
     def seg_sh():
       s2, s1 = _rows_sharding(mesh, (batch, sampling.segment_len)), _rows_sharding(mesh, (batch,))
       return Segment(s2, s2, s2, s1, s1, s1, s1, rep)
@@ -457,7 +470,6 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
     # The state's shardings do not depend on the capacity except through divisibility, which only involves B
     # and the kv heads; compute them once for a capacity every mesh divides.
     sst = state_sh(8)
-    forced_sh = lambda rows: None if not n_forced else _rows_sharding(mesh, (rows, n_forced))
 
     @functools.cache
     def jit_prefill(n):
@@ -466,9 +478,8 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
                      out_shardings=(sst, None))
 
     jit_extend = jax.jit(fns["extend"](), donate_argnums=(1,),
-                         in_shardings=(param_sh, sst, _rows_sharding(mesh, (batch, 1)), _rows_sharding(mesh, (batch,)),
-                                       _rows_sharding(mesh, (batch,)), forced_sh(batch)),
-                         out_shardings=(sst, draw_sh(batch)))
+                         in_shardings=(param_sh, sst, rep, rep, rep, rep, rep, None if not n_forced else rep),
+                         out_shardings=(sst, None))
     jit_decode = jax.jit(fns["decode"](), donate_argnums=(1,), in_shardings=(param_sh, sst, rep, rep),
                          out_shardings=(sst, seg_sh()))
     jit_grow = jax.jit(grow, static_argnums=(1,), in_shardings=(sst,), out_shardings=sst)
