@@ -176,7 +176,7 @@ def run_size(size: str, args) -> dict:
     try:
         for r in range(args.rounds):
             rows["peak"].append(common.matmul_peak_flops(args.matmul_n, repeats=args.matmul_repeats))
-            rows["bw"].append(memory_bandwidth())
+            rows["bw"].append(memory_bandwidth(args.mem_mb << 20))
             rows["ideal"].append(ideal_seconds(cfg, b, plen, new, rows["peak"][-1], rows["bw"][-1]))
             rows["ours"].append(min(common.timed(lambda: ours_call(1 + r * args.repeats + i).tokens)
                                     for i in range(args.repeats)))
@@ -228,6 +228,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=2, help="timed calls per round for ours and Tunix (best kept)")
     p.add_argument("--matmul-n", type=int, default=2048)
     p.add_argument("--matmul-repeats", type=int, default=5)
+    p.add_argument("--mem-mb", type=int, default=256, help="array read to measure memory bandwidth (> L3 cache)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--no-tunix", action="store_true")
