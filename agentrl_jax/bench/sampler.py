@@ -19,7 +19,9 @@ Fields: *_tok_s = B * new_tokens / seconds (median over rounds; *_min/_max sprea
 per-round ratios. roofline_frac = ideal / ours, ideal = prefill + sum over the 256 steps of
 max(FLOPs / matmul peak, bytes read / memory bandwidth), where FLOPs = 2 * matmul params * B (+ attention over
 the context so far) and bytes = every weight once (f32) + the K/V cache of the context so far; peak and
-bandwidth are measured in the same round.
+bandwidth are measured in the same round. xla_matmul_floor_step_ms = the sum of one decode step's matmuls each
+timed alone with XLA (weights hot in cache): no XLA:CPU decode step can be faster, so speedup_hf_at_matmul_floor
+and roofline_frac_at_matmul_floor bound what any XLA:CPU sampler reaches here.
 """
 
 from __future__ import annotations
@@ -67,6 +69,23 @@ def ideal_seconds(cfg: ModelConfig, batch: int, prompt_len: int, new_tokens: int
         flops = batch * (2.0 * n_mm + attn_per_ctx * ctx)
         read = weights + batch * ctx * kv_per_token
         total += max(flops / peak, read / bw)
+    return total
+
+
+def matmul_floor_seconds(cfg: ModelConfig, batch: int, repeats: int = 30) -> float:
+    """Sum of the best times of one decode step's matmuls, each run alone with XLA ([B, in] @ [in, out] per
+    projection and the LM head), weights hot in cache: a floor for any decode step built on XLA:CPU's matmul
+    kernels, before attention, sampling and the weights' trip from DRAM."""
+    d, f, qd, kd = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    shapes = {(d, qd): 1, (d, kd): 2, (qd, d): 1, (d, f): 2, (f, d): 1}
+    mm = jax.jit(jnp.matmul)
+    total = 0.0
+    for (n_in, n_out), per_layer in list(shapes.items()) + [((d, cfg.vocab_size), None)]:
+        x = jnp.ones((batch, n_in), jnp.float32)
+        w = jnp.ones((n_in, n_out), jnp.float32)
+        jax.block_until_ready(mm(x, w))
+        best = min(common.timed(lambda: mm(x, w)) for _ in range(repeats))
+        total += best * (1 if per_layer is None else per_layer * cfg.num_layers)
     return total
 
 
@@ -172,12 +191,13 @@ def run_size(size: str, args) -> dict:
 
     # ---------------------------------------------------------------- rounds
     tokens = b * new
-    rows = {k: [] for k in ("ours", "hf", "tunix", "peak", "bw", "ideal")}
+    rows = {k: [] for k in ("ours", "hf", "tunix", "peak", "bw", "ideal", "floor")}
     try:
         for r in range(args.rounds):
             rows["peak"].append(common.matmul_peak_flops(args.matmul_n, repeats=args.matmul_repeats))
             rows["bw"].append(memory_bandwidth(args.mem_mb << 20))
             rows["ideal"].append(ideal_seconds(cfg, b, plen, new, rows["peak"][-1], rows["bw"][-1]))
+            rows["floor"].append(matmul_floor_seconds(cfg, b))
             rows["ours"].append(min(common.timed(lambda: ours_call(1 + r * args.repeats + i).tokens)
                                     for i in range(args.repeats)))
             msg = (f"round {r}: peak {rows['peak'][-1] / 1e9:.0f} GFLOP/s, bw {rows['bw'][-1] / 1e9:.1f} GB/s, "
@@ -213,6 +233,12 @@ def run_size(size: str, args) -> dict:
     out["mem_gbs"] = med(rows["bw"]) / 1e9
     out["ideal_step_ms"] = med(rows["ideal"]) / new * 1e3
     out["ours_step_ms"] = med(rows["ours"]) / new * 1e3
+    # Evidence for what XLA:CPU allows: the step's matmuls alone (cache-hot) and the speedup over HF that a step
+    # costing only that would give.
+    out["xla_matmul_floor_step_ms"] = med(rows["floor"]) * 1e3
+    if rows["hf"]:
+        out["speedup_hf_at_matmul_floor"] = med(rows["hf"]) / new / med(rows["floor"])
+    out["roofline_frac_at_matmul_floor"] = out["ideal_step_ms"] / out["xla_matmul_floor_step_ms"]
     out["rounds"] = args.rounds
     return out
 

@@ -6,11 +6,13 @@
     batch = collate(episodes)
 
 Host side of the rollout. B row slots decode together in compiled segments (`Sampler.decode`); between
-segments the host reads the drawn tokens, parses finished turns, submits tool code to the executor (futures) and
-keeps decoding the other rows while tools run (`cfg.overlap_tools`). Rows whose tools returned are resumed with
-one batched `extend` that appends `[pending token] + tool-response tokens` to their caches (loss mask 0): the
-earlier context is never prefilled again. A finished episode frees its slot, and the next prompt group is
-prefilled there (one prefill per prompt, shared by its n samples).
+segments the host reads the drawn tokens, parses finished turns and submits tool code to the executor
+(futures). By default the batch decodes until every row has stopped, then all tools run at once; with
+`cfg.overlap_tools` the other rows keep decoding while tools run (measured slower at short tool latencies, see
+RolloutConfig). Rows whose tools returned are resumed with batched `extend` calls that append
+`[pending token] + tool-response tokens` to their caches (loss mask 0): the earlier context is never prefilled
+again. A finished episode frees its slot, and the next prompt group is prefilled there (one prefill per prompt,
+shared by its n samples).
 
 Nothing raises out of the loop for bad model output: malformed calls are answered with an error message and
 counted; executor futures never raise (`tools.Executor`); a failing future is reported as a sandbox error.

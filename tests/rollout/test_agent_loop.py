@@ -208,7 +208,7 @@ def test_slots_are_recycled_and_overlap_matches_pause(env):
     for s in range(2):
       scripts.append(["a " * (3 + 5 * s + g) + call(f"print({g})")] * (1 + (g + s) % 3) + ["end<|im_end|>"])
   fn = lambda code: ExecResult("ok", stdout=code * 2)
-  eps, stats = rollout(env, prompts, scripts, n=2, fn=fn)
+  eps, stats = rollout(env, prompts, scripts, n=2, fn=fn, cfg=CFG.replace(overlap_tools=True))
   eps_pause, _ = rollout(env, prompts, scripts, n=2, fn=fn, cfg=CFG.replace(overlap_tools=False))
   assert [(e.group, e.sample) for e in eps] == [(g, s) for g in range(3) for s in range(2)]
   assert all(e.stop_reason == "end" for e in eps)
