@@ -154,19 +154,21 @@ def _plan(cfg: ToolConfig) -> _Plan | str:
   for name in _ETC_FILES:
     if os.path.exists(name):
       args += ["--ro-bind", name, name]
+  size = ["--size", str(cfg.max_file_mb << 20)] if "--size" in opts else []
+  args += ["--proc", "/proc", "--dev", "/dev"]
+  args += ["--perms", "1777", *size, "--tmpfs", WORKDIR, "--perms", "1777", *size, "--tmpfs", "/dev/shm"]
+  # The interpreter's directories are bound after the tmpfs mounts, so a virtualenv that lives under /tmp
+  # (a CI checkout, say) stays visible, read-only, inside the private /tmp.
   made = set()
   for r in _python_roots(python):
     # bubblewrap creates missing parents 0700, which the dropped uid could not traverse.
     parts = r.strip("/").split("/")
     for i in range(1, len(parts)):
       d = "/" + "/".join(parts[:i])
-      if d not in made and not d.startswith(("/usr", "/etc", "/tmp", "/proc", "/dev")):
+      if d not in made and d not in (WORKDIR, "/dev/shm") and not d.startswith(("/usr", "/etc", "/proc", "/dev/")):
         made.add(d)
         args += ["--perms", "0755", "--dir", d]
     args += ["--ro-bind", r, r]
-  size = ["--size", str(cfg.max_file_mb << 20)] if "--size" in opts else []
-  args += ["--proc", "/proc", "--dev", "/dev"]
-  args += ["--perms", "1777", *size, "--tmpfs", WORKDIR, "--perms", "1777", *size, "--tmpfs", "/dev/shm"]
   args += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
            "--hostname", "sandbox", "--die-with-parent", "--new-session", "--as-pid-1", "--chdir", WORKDIR,
            "--clearenv"]
