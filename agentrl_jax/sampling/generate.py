@@ -70,9 +70,9 @@ def generate(sampler: Sampler, params: nnx.State, prompts: Sequence[Sequence[int
   budgets = np.full((groups * n,), max_new_tokens, np.int32)
   forced = None if not sampler.n_forced else np.full((groups * n, sampler.n_forced), -1, np.int32)
 
-  # The cache grows with the rows (decode attends over every slot of it): a capacity bucket per segment.
-  cap_min = min(64, t)
-  capacity = lambda need: max(bucket(need, cap_min), t)
+  # The cache grows with the rows (decode attends over every slot of it): capacities are multiples of 64, so one
+  # generate compiles at most max_new_tokens / segment_len + 1 decode shapes.
+  capacity = lambda need: max(-(-need // 64) * 64, t)
   state = sampler.init(capacity(t + min(seg_len, max_new_tokens)), key)
   state, draw = sampler.prefill_groups(n, params, state, tokens, lengths, slots, budgets, forced)
   first = jax.device_get(draw)
