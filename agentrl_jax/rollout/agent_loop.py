@@ -146,7 +146,8 @@ def _check_prompts(prompts, n, cfg: RolloutConfig, scripts, sampler: Sampler):
       raise ValueError(f"run_rollout: a script turn has {longest} tokens > the sampler's n_forced {sampler.n_forced}")
 
 
-def _result_text(call: CallInfo, result: ExecResult | None, max_chars: int) -> tuple[str, str, float]:
+def _result_text(result: ExecResult | None, max_chars: int) -> tuple[str, str, float]:
+  """(status, text the model reads, wall seconds) of one execution."""
   if result is None:
     return "sandbox_error", "Tool error: no result.", 0.0
   return result.status, format_result(result, max_chars), result.wall_s
@@ -248,7 +249,7 @@ def run_rollout(
     r.n_malformed += len(malformed)
     if malformed and cfg.end_on_failed_call:
       r.n_failed += len(malformed)
-      turn.calls = [CallInfo(c.name, c.code, "ok_unrun" if c.ok else "malformed", c.error or "") for c in calls]
+      turn.calls = [CallInfo(c.name, c.code, "not_run" if c.ok else "malformed", c.error or "") for c in calls]
       return finish(slot, episode_lib.STOP_FAILED_CALL)
     r.calls = []
     executed = 0
@@ -338,7 +339,7 @@ def run_rollout(
             res = fut.result()
           except Exception as e:  # pylint: disable=broad-except
             res = ExecResult("sandbox_error", stderr=f"[sandbox] executor failed: {type(e).__name__}: {e}")
-          info.status, info.output, info.wall_s = _result_text(info, res, cfg.max_tool_output_chars)
+          info.status, info.output, info.wall_s = _result_text(res, cfg.max_tool_output_chars)
         if info.failed:
           r.n_failed += 1
         contents.append(info.output)

@@ -25,7 +25,7 @@ class CallInfo:
     name: tool name ("" when unreadable).
     code: the code run ("" when not run).
     status: an `ExecResult.status` when it ran, "malformed" for a parse error, "skipped" beyond
-      `max_calls_per_turn`.
+      `max_calls_per_turn`, "not_run" when the episode ended at this turn (max_turns, end_on_failed_call).
     output: the text the model read back (already truncated).
     wall_s: execution time reported by the executor.
   """
@@ -64,7 +64,8 @@ class Episode:
     loss_mask: `[R]` 1 on tokens the model drew, 0 on tool-response tokens.
     logp_raw: `[R]` log-probs of drawn tokens under the policy at temperature 1 (0 on tool tokens).
     logp_sample: `[R]` log-probs under the sampling distribution (0 on tool tokens).
-    num_tool_calls: tool calls made (malformed ones included).
+    num_tool_calls: tool calls answered (malformed and skipped ones included; the calls of a turn that ended the
+      episode unanswered, at max_turns, are not counted).
     num_failed_calls: calls that were malformed, skipped, or whose execution did not end with status "ok".
     num_malformed_calls: calls that could not be parsed or named an unknown tool / lacked arguments.
     stop_reason: one of `STOP_REASONS`.
