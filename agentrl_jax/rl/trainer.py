@@ -9,8 +9,9 @@ One function, `run(config, workdir)`, in the sections of big_vision's train.py. 
 
 The sampler reads the trainer's params directly; there is no weight sync. A run killed at any point resumes
 from its latest checkpoint with the same config and workdir: the checkpoint holds the train state, the grain
-iterator position, the PRNG key and the counters. With `rollout.overlap_tools=False` and a deterministic tool,
-every step is a deterministic function of those, so the resumed run reaches the same params bit for bit.
+iterator position, the PRNG key and the counters. With `rollout.overlap_tools=False` (the default) and
+deterministic tool outputs, every step is a deterministic function of those, so the resumed run reaches the
+same params bit for bit. (With overlap, when each row resumes depends on tool timing, and so do the draws.)
 """
 
 from __future__ import annotations

@@ -22,11 +22,10 @@ import ml_collections
 from agentrl_jax.data.records import PromptRecord
 from agentrl_jax.models import tokenizer as tok_lib
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.rollout import agent_loop, chat
+from agentrl_jax.rollout import agent_loop
 from agentrl_jax.rollout.config import RolloutConfig
 from agentrl_jax.rollout.episode import Episode
 from agentrl_jax.sampling import sampler as sampler_lib
-from agentrl_jax.sampling.config import SamplingConfig
 from agentrl_jax.tools import base as tools_base
 from agentrl_jax.tools.code_interpreter import TOOL_SCHEMA
 
@@ -64,9 +63,8 @@ class RolloutEngine:
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
              advertise_tools: bool = True, mesh: jax.sharding.Mesh | None = None,
              params: nnx.State | None = None) -> RolloutEngine:
-    end_ids, tool_end_ids = chat.stop_token_ids(tokenizer)
-    sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-                              end_token_ids=end_ids, tool_end_token_ids=tool_end_ids, segment_len=cfg.segment_len)
+    sampling = agent_loop.sampling_config(tokenizer, cfg, temperature=temperature, top_p=top_p, top_k=top_k,
+                                          greedy=greedy)
     sampler = sampler_lib.make_sampler(graphdef, model_cfg, sampling, batch=cfg.batch_size, mesh=mesh, params=params)
     return cls(tokenizer=tokenizer, model_cfg=model_cfg, sampler=sampler, executor=executor, cfg=cfg,
                tools=[TOOL_SCHEMA] if advertise_tools else None)
@@ -93,9 +91,21 @@ class RolloutEngine:
                                   tokenizer=self.tokenizer, executor=self.executor, cfg=self.cfg, key=key)
 
 
+# Fields of a config's `rollout` block that are not RolloutConfig's: sampling settings and the prompt rendering.
+_ENGINE_FIELDS = ("temperature", "top_p", "top_k", "advertise_tools")
+
+
 def rollout_config(block: ml_collections.ConfigDict, **overrides) -> RolloutConfig:
-  """`RolloutConfig` from a config's `rollout` block (fields the block does not set keep their defaults)."""
+  """`RolloutConfig` from a config's `rollout` block (fields the block does not set keep their defaults).
+
+  Raises:
+    ValueError: the block has a field neither RolloutConfig nor the engine knows (a renamed or misspelt
+      setting would otherwise be ignored silently).
+  """
   fields = {f.name for f in dataclasses.fields(RolloutConfig)}
+  unknown = sorted(set(block.keys()) - fields - set(_ENGINE_FIELDS))
+  if unknown:
+    raise ValueError(f"config.rollout: unknown fields {unknown} (RolloutConfig has {sorted(fields)})")
   kw = {k: v for k, v in block.items() if k in fields}
   kw = {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()}
   kw.update(overrides)
