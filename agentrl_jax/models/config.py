@@ -157,17 +157,17 @@ class ModelConfig:
 
   @classmethod
   def bench_5m(cls, **kw) -> ModelConfig:
-    """~5M-parameter Qwen3 (hidden 256, 4 layers, vocab 4096) used by the benchmarks."""
+    """~5M-parameter Qwen3 (hidden 256, 4 layers, vocab 4096, untied embeddings) used by the benchmarks."""
     return cls(**{**dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4,
-                         num_kv_heads=2, head_dim=64, max_position_embeddings=4096, bos_token_id=None,
-                         eos_token_id=None), **kw})
+                         num_kv_heads=2, head_dim=64, tie_embeddings=False, max_position_embeddings=4096,
+                         bos_token_id=None, eos_token_id=None), **kw})
 
   @classmethod
   def bench_58m(cls, **kw) -> ModelConfig:
-    """~58M-parameter Qwen3 (hidden 512, 8 layers, vocab 32000) used by the benchmarks."""
+    """~58M-parameter Qwen3 (hidden 512, 8 layers, vocab 32000, untied embeddings) used by the benchmarks."""
     return cls(**{**dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_layers=8, num_heads=8,
-                         num_kv_heads=4, head_dim=64, max_position_embeddings=4096, bos_token_id=None,
-                         eos_token_id=None), **kw})
+                         num_kv_heads=4, head_dim=64, tie_embeddings=False, max_position_embeddings=4096,
+                         bos_token_id=None, eos_token_id=None), **kw})
 
   @classmethod
   def by_name(cls, name: str, **kw) -> ModelConfig:
