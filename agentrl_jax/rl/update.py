@@ -39,7 +39,7 @@ import optax
 from agentrl_jax.models import hf_io
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.rl import losses
+from agentrl_jax.rl import logprobs, losses
 
 Batch = dict[str, Any]
 SCHEDULES = ("constant", "cosine")
@@ -223,7 +223,7 @@ def token_logprobs(
 
     `logp[:, t]` is log p(tokens[:, t] | tokens[:, :t]) at `temperature` and `entropy[:, t]` the exact entropy
     of that distribution. Runs the decoder to hidden states and reduces the LM head chunk by chunk, so [B, T, V]
-    logits never exist (see losses.token_logprobs_and_entropy_from_hidden).
+    logits never exist (see logprobs.token_logprobs_and_entropy_from_hidden).
     """
     model = nnx.merge(graphdef, params)
     tokens = batch["tokens"]
@@ -233,7 +233,7 @@ def token_logprobs(
     unembed_dv = (model.embed_vd[...].T if model.cfg.tie_embeddings else model.unembed_dv[...]).astype(dt)
     # hidden[:, t] predicts tokens[:, t + 1]: score the next tokens (the last target wraps and is dropped).
     next_tokens = jnp.roll(tokens, -1, axis=1)
-    logp, ent = losses.token_logprobs_and_entropy_from_hidden(
+    logp, ent = logprobs.token_logprobs_and_entropy_from_hidden(
         hidden.astype(dt), unembed_dv, next_tokens, temperature=temperature,
         chunk_size=_chunk_len(tokens.shape[1], logits_chunk_size))
     shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731  next-token -> token-aligned

@@ -26,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import optax
 
 from agentrl_jax.models import sharding as sharding_lib
-from agentrl_jax.rl import losses
+from agentrl_jax.rl import logprobs
 from agentrl_jax.rl.update import OptimizerConfig, TrainState
 from agentrl_jax.sft import masking, packing
 
@@ -144,7 +144,7 @@ def make_train_step(graphdef: nnx.GraphDef, state_shardings: TrainState, opt_cfg
     hidden, _ = model(mb["inputs"], positions=mb["positions"], segment_ids=mb["segment_ids"], return_hidden=True)
     dt = model.cfg.jnp_dtype
     unembed_dv = (model.embed_vd[...].T if model.cfg.tie_embeddings else model.unembed_dv[...]).astype(dt)
-    logp, entropy = losses.token_logprobs_and_entropy_from_hidden(hidden.astype(dt), unembed_dv, mb["targets"],
+    logp, entropy = logprobs.token_logprobs_and_entropy_from_hidden(hidden.astype(dt), unembed_dv, mb["targets"],
                                                                   chunk_size=chunk)
     w = mb["weights"]
     return -jnp.sum(logp * w), jnp.sum(lax.stop_gradient(entropy) * w)

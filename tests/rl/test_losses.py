@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+from agentrl_jax.rl import logprobs as LP
 from agentrl_jax.rl import losses as L
 
 CFG = L.LossConfig()  # recipe: clip 0.2 / 0.28, dual clip 10, token-mean
@@ -198,7 +199,7 @@ def test_grad_accumulation_in_scan_equals_full_batch(mode):
     norm = L.agg_normaliser(mask, cfg.loss_scale_factor)
 
     def loss_fn(lg, tk, lo, a, m):
-        logp, ent = L.token_logprobs_and_entropy(lg, tk)
+        logp, ent = LP.token_logprobs_and_entropy(lg, tk)
         return L.grpo_objective(cfg, logp=logp, logp_old=lo, advantages=a, mask=m, norm=norm, entropy=ent)
 
     batch = (logits, tokens, logp_old, adv, mask)
@@ -228,19 +229,19 @@ def test_grad_accumulation_in_scan_equals_full_batch(mode):
 def test_token_logprobs_hand_computed():
     logits = jnp.array([[[0.0, math.log(3.0)], [0.0, 0.0]]])  # p = [1/4, 3/4], [1/2, 1/2]
     tokens = jnp.array([[1, 0]])
-    np.testing.assert_allclose(jax.jit(L.token_logprobs)(logits, tokens)[0], [math.log(0.75), math.log(0.5)],
+    np.testing.assert_allclose(jax.jit(LP.token_logprobs)(logits, tokens)[0], [math.log(0.75), math.log(0.5)],
                                rtol=1e-6)
-    lp, ent = jax.jit(L.token_logprobs_and_entropy)(logits.astype(jnp.bfloat16), tokens)
+    lp, ent = jax.jit(LP.token_logprobs_and_entropy)(logits.astype(jnp.bfloat16), tokens)
     assert lp.dtype == ent.dtype == jnp.float32
     np.testing.assert_allclose(ent[0, 1], math.log(2.0), rtol=1e-6)
     # temperature 2 on logits [0, 2 ln 3] is the same as logits [0, ln 3]
-    lp_t = jax.jit(L.token_logprobs, static_argnames="temperature")(
+    lp_t = jax.jit(LP.token_logprobs, static_argnames="temperature")(
         jnp.array([[[0.0, 2 * math.log(3.0)]]]), jnp.array([[1]]), temperature=2.0)
     np.testing.assert_allclose(lp_t[0, 0], math.log(0.75), rtol=1e-6)
 
 
 def test_entropy_known_distributions():
-    ent = jax.jit(L.entropy_from_logits)
+    ent = jax.jit(LP.entropy_from_logits)
     v = 7
     np.testing.assert_allclose(ent(jnp.full((3, v), 5.0)), math.log(v), rtol=1e-6)
     one_hot = jnp.array([0.0] + [-jnp.inf] * (v - 1))
@@ -252,7 +253,7 @@ def test_entropy_known_distributions():
     np.testing.assert_allclose(ent(jnp.log(p) + 100.0), 1.5 * math.log(2.0), rtol=1e-5)
     big = jnp.array([[1e30, -1e30, 0.0]], jnp.float32)  # no overflow in exp
     assert bool(jnp.isfinite(ent(big)).all())
-    g = jax.jit(jax.grad(L.entropy_from_logits))(one_hot)
+    g = jax.jit(jax.grad(LP.entropy_from_logits))(one_hot)
     assert bool(jnp.all(jnp.isfinite(g)))
 
 
@@ -265,10 +266,10 @@ def test_chunked_and_fused_match_unchunked():
     logits = jnp.einsum("BTD,DV->BTV", hidden, w)
     @jax.jit
     def all_variants(hidden, w, logits, tokens):
-        out = [L.token_logprobs_and_entropy(logits, tokens, temperature=0.7)]
+        out = [LP.token_logprobs_and_entropy(logits, tokens, temperature=0.7)]
         for c in (2, 4):
-            out.append(L.token_logprobs_and_entropy(logits, tokens, temperature=0.7, chunk_size=c))
-            out.append(L.token_logprobs_and_entropy_from_hidden(hidden, w, tokens, temperature=0.7, chunk_size=c))
+            out.append(LP.token_logprobs_and_entropy(logits, tokens, temperature=0.7, chunk_size=c))
+            out.append(LP.token_logprobs_and_entropy_from_hidden(hidden, w, tokens, temperature=0.7, chunk_size=c))
         return out
 
     (lp, ent), *variants = all_variants(hidden, w, logits, tokens)
@@ -277,7 +278,7 @@ def test_chunked_and_fused_match_unchunked():
         np.testing.assert_allclose(ent_v, ent, rtol=1e-5, atol=1e-6)
 
     def f(h, ww, c):
-        lp, ent = L.token_logprobs_and_entropy_from_hidden(h, ww, tokens, chunk_size=c)
+        lp, ent = LP.token_logprobs_and_entropy_from_hidden(h, ww, tokens, chunk_size=c)
         return jnp.sum(lp * 0.3 + ent)
 
     grad = jax.jit(jax.grad(f, argnums=(0, 1)), static_argnums=2)
@@ -285,7 +286,7 @@ def test_chunked_and_fused_match_unchunked():
     for a, e in zip(g_chunk, g_full):
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="chunk_size"):
-        L.token_logprobs_and_entropy(logits, tokens, chunk_size=3)
+        LP.token_logprobs_and_entropy(logits, tokens, chunk_size=3)
 
 
 # ---------------------------------------------------------------- KL estimators
@@ -346,7 +347,7 @@ def test_masked_positions_get_exactly_zero_gradient(mode):
     cfg = L.LossConfig(loss_agg_mode=mode, entropy_coeff=0.01, kl_coeff=0.1, kl_type="k3", tis_cap=2.0)
 
     def loss_fn(lg):
-        logp, ent = L.token_logprobs_and_entropy(lg, tokens, chunk_size=7)
+        logp, ent = LP.token_logprobs_and_entropy(lg, tokens, chunk_size=7)
         return L.grpo_objective(cfg, logp=logp, logp_old=logp_old, advantages=adv, mask=mask, entropy=ent,
                                 logp_ref=logp_old - 0.1, logp_sampler=logp_old + 0.2)[0]
 
