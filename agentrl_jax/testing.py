@@ -105,7 +105,7 @@ def random_tokens(key, batch: int, length: int, vocab: int) -> jax.Array:
 
 
 __all__ = ["tiny_tokenizer", "tiny_tokenizer_dir", "tiny_model", "jit_forward", "save_random_hf_checkpoint", "load_hf_torch",
-           "hf_logits", "random_tokens", "hf_io", "launch_main", "latest_checkpoint_state"]
+           "hf_logits", "random_tokens", "hf_io", "launch_main", "latest_checkpoint_state", "load_config"]
 
 
 def launch_main(flags: list[str], workdir, *, log_path=None, cache_dir=None):
@@ -142,3 +142,23 @@ def latest_checkpoint_state(checkpoint_dir):
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     state, meta = ckpt.restore(checkpoint.abstract_state(shapes, jax.tree.map(lambda _: device, shapes)))
   return step, jax.tree.map(np.asarray, state), meta
+
+
+def load_config(name: str, arg: str | None = None, **overrides):
+  """`configs/<name>.py:get_config(arg)`, as `--config=configs/<name>.py:arg` loads it, with dotted-key
+  overrides passed as a dict: `load_config("rl_toy", "digits", **{"rl.total_steps": 4})` (a locked ConfigDict
+  still accepts new values for existing fields)."""
+  import importlib.util
+
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  spec = importlib.util.spec_from_file_location(f"config_{name}", os.path.join(repo, "configs", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config(arg)
+  for key, value in overrides.items():
+    *parents, leaf = key.split(".")
+    node = config
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return config

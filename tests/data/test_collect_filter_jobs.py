@@ -10,7 +10,6 @@ learned and 0 on two it never saw, and the band keeps exactly the learned ones.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 
@@ -30,17 +29,7 @@ CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
 
 
 def load(name, arg=None, **overrides):
-  spec = importlib.util.spec_from_file_location(f"config_{name}", os.path.join(CONFIGS, f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config(arg)
-  for key, value in {"model.tokenizer_path": testing.tiny_tokenizer_dir(), **overrides}.items():
-    *parents, leaf = key.split(".")
-    node = config
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config
+  return testing.load_config(name, arg, **{"model.tokenizer_path": testing.tiny_tokenizer_dir(), **overrides})
 
 
 @dataclasses.dataclass

@@ -21,21 +21,7 @@ def executor():
   ex.close()
 
 
-def load(name, arg=None, **overrides):
-  import importlib.util
-
-  path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", f"{name}.py")
-  spec = importlib.util.spec_from_file_location(f"config_{name}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config(arg)
-  for key, value in overrides.items():
-    *parents, leaf = key.split(".")
-    node = config
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config
+load = testing.load_config
 
 
 @pytest.mark.parametrize("text, found", [

@@ -209,14 +209,7 @@ def test_collect_config_validates(field, value):
 
 
 def load(name, arg=None):
-  import importlib.util
-  import os
-
-  path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", f"{name}.py")
-  spec = importlib.util.spec_from_file_location(f"config_{name}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return testing.load_config(name, arg)
 
 
 def test_collect_configs_load():

@@ -5,22 +5,11 @@ import os
 
 import pytest
 
+from agentrl_jax import testing
 from agentrl_jax.evaluation import runner
 
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
-
-
-def _load_config(arg):
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location("eval_demystify", os.path.join(CONFIG_DIR, "eval_demystify.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
 def test_eval_job_on_real_aime2024(tmp_path):
-  config = _load_config("aime2024")
+  config = testing.load_config("eval_demystify", "aime2024")
   path = config.eval.sources[0]["path"]
   if not os.path.exists(path):
     pytest.skip(f"real AIME 2024 data not found at {path} (../shared/data is absent in this checkout)")

@@ -4,12 +4,10 @@ tests/data/test_collect_filter_jobs.py)."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-from agentrl_jax import data
+from agentrl_jax import data, testing
 from agentrl_jax.data import collect
 from agentrl_jax.data.records import PromptRecord
 from agentrl_jax.rl import filter_prompts as fp
@@ -88,18 +86,12 @@ def test_kept_rows_are_the_original_prompts_in_the_rl_schema(tmp_path):
 
 
 def test_filter_configs_load():
-  import importlib.util
-
-  path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "filter_prompts.py")
-  spec = importlib.util.spec_from_file_location("filter_prompts_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config(None)
+  config = testing.load_config("filter_prompts")
   assert config.job == "filter" and config.filter.k == 16 and config.filter.temperature == 1.0
   assert config.model.size == "qwen3_4b" and "rl" not in config
   cfg = fp.FilterConfig(**config.filter)
   assert str(cfg.band) == "(0, 1)"
-  smoke = module.get_config("smoke")
+  smoke = testing.load_config("filter_prompts", "smoke")
   assert smoke.model.size == "tiny_qwen3" and smoke.filter.k == 4 and smoke.data.toy_problems > 0
   with pytest.raises(ValueError, match="unknown arg"):
-    module.get_config("x")
+    testing.load_config("filter_prompts", "x")

@@ -2,11 +2,9 @@
 
 import json
 import signal
-import time
 
 import jax
 import numpy as np
-import pytest
 
 from agentrl_jax import testing
 from agentrl_jax.rl import batch as batch_lib
@@ -15,23 +13,7 @@ from agentrl_jax.rollout.episode import Episode, collate
 
 
 def _config(arg, **overrides):
-  import importlib.util
-  import os
-
-  path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "rl_toy.py")
-  spec = importlib.util.spec_from_file_location("rl_toy", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config(arg)
-  with config.unlocked():
-    config.model.tokenizer_path = testing.tiny_tokenizer_dir()
-    for k, v in overrides.items():
-      node = config
-      *parents, leaf = k.split(".")
-      for p in parents:
-        node = node[p]
-      node[leaf] = v
-  return config
+  return testing.load_config("rl_toy", arg, **{"model.tokenizer_path": testing.tiny_tokenizer_dir(), **overrides})
 
 
 def test_reward_rises_on_toy_task(tmp_path):
