@@ -90,21 +90,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   # ---------------------------------------------------------------------------------------------- model & state
   opt_cfg = update_lib.OptimizerConfig(**config.optimizer)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), ckpt_cfg)
-  replicated = jax.sharding.NamedSharding(mesh, jax.P())
   counters = {"episodes": 0, "prompts": 0, "skipped_prompts": 0, "dropped_groups": 0, "generated_tokens": 0}
   tokenizer, model_cfg = loading.tokenizer_and_config(config.model)
   ref_params = None
-  if ckpt.latest_step() is None:
-    tokenizer, model = loading.load_policy(config.model, mesh, init_key)
-    graphdef, state = update_lib.init_train_state(model, opt_cfg, mesh)
-    del model
-    rng, step = jax.device_put(root, replicated), 0
-  else:
-    graphdef, abstract = update_lib.abstract_train_state(model_cfg, opt_cfg, mesh)
-    target = {"train": abstract, "rng": jax.ShapeDtypeStruct(root.shape, root.dtype, sharding=replicated)}
-    restored, meta = ckpt.restore(target, data_iterator=data_iter)
-    state, rng, step = restored["train"], restored["rng"], meta["step"]
-    counters.update(meta.get("counters", {}))
+  graphdef, state, rng, step, restored_meta = update_lib.init_or_restore_train_state(
+      ckpt, config.model, model_cfg, opt_cfg, mesh, root_key=root, init_key=init_key, data_iterator=data_iter)
+  if step:
+    counters.update(restored_meta.get("counters", {}))
     log.info("rl: resumed at step %d of %d", step, total_steps)
   if loss_cfg.needs_reference:  # the KL term's frozen reference: the initial policy (loaded only when KL is on)
     _, ref_model = loading.load_policy(config.model, mesh, init_key)

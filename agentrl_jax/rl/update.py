@@ -389,6 +389,31 @@ def make_update_fn(
                    out_shardings=(state_shardings, replicated), donate_argnums=(0,))
 
 
+def init_or_restore_train_state(ckpt, model_block, model_cfg: ModelConfig, opt_cfg: OptimizerConfig, mesh: Mesh, *,
+                                root_key: jax.Array, init_key: jax.Array, data_iterator=None):
+    """The trainers' start: a fresh TrainState from the configured policy, or the latest checkpoint.
+
+    Fresh: the policy of `model_block` (HF dir, our checkpoint or random init with `init_key`; see
+    `models.loading`), a new AdamW state, `root_key` as the run's PRNG key, step 0. Resumed: train state, PRNG key,
+    step and metadata of the latest checkpoint of `ckpt` (an `agentrl_jax.checkpoint.Checkpointer` holding
+    `{"train": TrainState, "rng": key}`), restored into their shardings; `data_iterator` is repositioned.
+
+    Returns:
+      (graphdef, state, rng, step, metadata); metadata is {} for a fresh start.
+    """
+    from agentrl_jax.models import loading  # loading -> checkpoint -> ... would cycle at import time
+
+    replicated = NamedSharding(mesh, P())
+    if ckpt.latest_step() is None:
+        _, model = loading.load_policy(model_block, mesh, init_key)
+        graphdef, state = init_train_state(model, opt_cfg, mesh)
+        return graphdef, state, jax.device_put(root_key, replicated), 0, {}
+    graphdef, abstract = abstract_train_state(model_cfg, opt_cfg, mesh)
+    target = {"train": abstract, "rng": jax.ShapeDtypeStruct(root_key.shape, root_key.dtype, sharding=replicated)}
+    restored, meta = ckpt.restore(target, data_iterator=data_iterator)
+    return graphdef, restored["train"], restored["rng"], meta["step"], meta
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Old / reference log-probs
 # ------------------------------------------------------------------------------------------------------------

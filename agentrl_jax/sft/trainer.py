@@ -67,19 +67,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   opt_cfg = rl_update.OptimizerConfig(**config.optimizer, schedule="cosine", total_steps=max(total_steps, 1),
                                       warmup_steps=sft_cfg.warmup_steps(total_steps))
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), ckpt_cfg)
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   counters = {"skipped_conversations": 0, "trained_tokens": 0}
-  if ckpt.latest_step() is None:
-    _, model = loading.load_policy(config.model, mesh, init_key)  # HF dir, our checkpoint, or random init
-    graphdef, state = rl_update.init_train_state(model, opt_cfg, mesh)
-    del model
-    rng, step = jax.device_put(root, replicated), 0
-  else:
-    graphdef, abstract = rl_update.abstract_train_state(model_cfg, opt_cfg, mesh)
-    target = {"train": abstract, "rng": jax.ShapeDtypeStruct(root.shape, root.dtype, sharding=replicated)}
-    restored, meta = ckpt.restore(target, data_iterator=data_iter)
-    state, rng, step = restored["train"], restored["rng"], meta["step"]
-    counters.update(meta.get("counters", {}))
+  graphdef, state, rng, step, restored_meta = rl_update.init_or_restore_train_state(
+      ckpt, config.model, model_cfg, opt_cfg, mesh, root_key=root, init_key=init_key, data_iterator=data_iter)
+  if step:
+    counters.update(restored_meta.get("counters", {}))
     log.info("sft: resumed at step %d of %d", step, total_steps)
   shardings = rl_update.train_state_shardings(state, mesh)
   train_step = step_lib.make_train_step(graphdef, shardings, opt_cfg, mesh, micro_rows=sft_cfg.micro_batch_rows,
