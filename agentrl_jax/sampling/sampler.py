@@ -173,6 +173,30 @@ def _set_rows(x, rows, values):
   return x.at[rows].set(values.astype(x.dtype), mode="drop")
 
 
+def _draw_and_record(state: SamplingState, cache: KVCache, logits, rows, budgets, forced, sampling: SamplingConfig):
+  """Draws one token per row from `logits` and records it in `state` (with the updated `cache`).
+
+  `rows` index the row slots that drew; index B (out of range) marks a row that does not (padding, or an
+  extend chunk that is not its row's last): its draw is computed and dropped.
+  """
+  key, draw_key = jax.random.split(state.key)
+  forced_now = None if forced is None else forced[:, 0]
+  token, logp_raw, logp_sample = logits_lib.sample(logits, draw_key, sampling, forced_now)
+  reason = _stop_after(token, budgets, sampling)
+  new = state.replace(
+      cache=cache,
+      last_token=_set_rows(state.last_token, rows, token),
+      active=_set_rows(state.active, rows, reason == StopReason.RUNNING),
+      stop_reason=_set_rows(state.stop_reason, rows, reason),
+      budget=_set_rows(state.budget, rows, budgets - 1),
+      key=key,
+  )
+  if state.forced is not None:
+    new = new.replace(forced=_set_rows(state.forced, rows, forced),
+                      forced_pos=_set_rows(state.forced_pos, rows, jnp.ones_like(rows)))
+  return new, Draw(token, logp_raw, logp_sample, reason)
+
+
 # --------------------------------------------------------------------------- prefill
 def prefill_groups(
     graphdef: nnx.GraphDef,
@@ -213,27 +237,11 @@ def prefill_groups(
   small = small.select_rows(rows)  # [P*n, T]: the n samples share the one prefill
   logits = jnp.take(logits, rows, axis=0)
 
-  key, draw_key = jax.random.split(state.key)
-  forced_now = None if forced is None else forced[:, 0]
-  token, logp_raw, logp_sample = logits_lib.sample(logits, draw_key, sampling, forced_now)
-  reason = _stop_after(token, budgets, sampling)
-
   cache = state.cache
   write = lambda big, new: sharding_lib.shard(big.at[slots, :t].set(new.astype(big.dtype), mode="drop"), CACHE_AXES)
   cache = cache.replace(k=tuple(map(write, cache.k, small.k)), v=tuple(map(write, cache.v, small.v)),
                         lengths=_set_rows(cache.lengths, slots, small.lengths))
-  new = state.replace(
-      cache=cache,
-      last_token=_set_rows(state.last_token, slots, token),
-      active=_set_rows(state.active, slots, reason == StopReason.RUNNING),
-      stop_reason=_set_rows(state.stop_reason, slots, reason),
-      budget=_set_rows(state.budget, slots, budgets - 1),
-      key=key,
-  )
-  if state.forced is not None:
-    new = new.replace(forced=_set_rows(state.forced, slots, forced),
-                      forced_pos=_set_rows(state.forced_pos, slots, jnp.ones_like(slots)))
-  return new, Draw(token, logp_raw, logp_sample, reason)
+  return _draw_and_record(state, cache, logits, slots, budgets, forced, sampling)
 
 
 # --------------------------------------------------------------------------- extend
@@ -276,27 +284,12 @@ def extend(
   lengths = jnp.where(valid, chunk_lengths, 0)
   hidden, sub = model(chunk, cache=sub, chunk_lengths=lengths, return_hidden=True)
   logits = model.unembed(_last_hidden(hidden, lengths))
-  key, draw_key = jax.random.split(state.key)
-  forced_now = None if forced is None else forced[:, 0]
-  token, logp_raw, logp_sample = logits_lib.sample(logits, draw_key, sampling, forced_now)
-  reason = _stop_after(token, budgets, sampling)
   write = lambda big, new: sharding_lib.shard(big.at[rows].set(new.astype(big.dtype), mode="drop"), CACHE_AXES)
   cache = state.cache
   cache = cache.replace(k=tuple(map(write, cache.k, sub.k)), v=tuple(map(write, cache.v, sub.v)),
                         lengths=_set_rows(cache.lengths, rows, sub.lengths))
   drawn = jnp.where(final, rows, b)  # rows that draw; the others only append to their cache
-  new = state.replace(
-      cache=cache,
-      last_token=_set_rows(state.last_token, drawn, token),
-      active=_set_rows(state.active, drawn, reason == StopReason.RUNNING),
-      stop_reason=_set_rows(state.stop_reason, drawn, reason),
-      budget=_set_rows(state.budget, drawn, budgets - 1),
-      key=key,
-  )
-  if state.forced is not None:
-    new = new.replace(forced=_set_rows(state.forced, drawn, forced),
-                      forced_pos=_set_rows(state.forced_pos, drawn, jnp.ones_like(rows)))
-  return new, Draw(token, logp_raw, logp_sample, reason)
+  return _draw_and_record(state, cache, logits, drawn, budgets, forced, sampling)
 
 
 # --------------------------------------------------------------------------- decode
