@@ -40,13 +40,17 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
   return weight.astype(x.dtype) * xf.astype(x.dtype)
 
 
-def rope(x: Float[Array, "B T N H"], positions: Int[Array, "B T"], theta: float) -> Float[Array, "B T N H"]:
-  """Rotary embedding, non-interleaved halves (HF `rotate_half` convention), angles in float32."""
-  h = x.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+def rope_angles(positions: Int[Array, "B T"], head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+  """cos and sin `[B, T, 1, H]` (float32) of the rotary angles; computed once per forward, shared by the layers."""
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
   freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
   emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
-  cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def rope(x: Float[Array, "B T N H"], cos_sin: tuple[jax.Array, jax.Array]) -> Float[Array, "B T N H"]:
+  """Rotary embedding, non-interleaved halves (HF `rotate_half` convention)."""
+  cos, sin = (a.astype(x.dtype) for a in cos_sin)
   x1, x2 = jnp.split(x, 2, axis=-1)
   return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
@@ -122,8 +126,8 @@ class Attention(nnx.Module):
       self.q_norm_h = _param(rngs, (h,), ("norm",), pd, "ones")
       self.k_norm_h = _param(rngs, (h,), ("norm",), pd, "ones")
 
-  def __call__(self, x_btd, positions_bt, mask_bts, cache_kv=None, cache_lengths=None):
-    """Returns `(out [B, T, D], (k_cache, v_cache) or None)`.
+  def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, cache_lengths=None):
+    """Returns `(out [B, T, D], (k_cache, v_cache) or None)`; `rope_cs` is `rope_angles` of the positions.
 
     Without a cache, keys are this chunk's own (S = T). With one, the chunk's keys/values are first
     written at slots `cache_lengths[b] + t`, then the queries attend over all S cache slots.
@@ -139,8 +143,8 @@ class Attention(nnx.Module):
     if cfg.qk_norm:
       q = rms_norm(q, self.q_norm_h[...], cfg.rms_norm_eps)
       k = rms_norm(k, self.k_norm_h[...], cfg.rms_norm_eps)
-    q = shard(rope(q, positions_bt, cfg.rope_theta), ("batch", "seq", "act_heads", None))
-    k = shard(rope(k, positions_bt, cfg.rope_theta), ("batch", "seq", "act_kv_heads", None))
+    q = shard(rope(q, rope_cs), ("batch", "seq", "act_heads", None))
+    k = shard(rope(k, rope_cs), ("batch", "seq", "act_kv_heads", None))
     v = shard(v, ("batch", "seq", "act_kv_heads", None))
 
     new_cache = None
@@ -192,9 +196,9 @@ class DecoderLayer(nnx.Module):
     self.mlp_norm_d = _param(rngs, (cfg.hidden_size,), ("norm",), cfg.jnp_param_dtype, "ones")
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x_btd, positions_bt, mask_bts, cache_kv=None, cache_lengths=None):
+  def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, cache_lengths=None):
     eps = self.cfg.rms_norm_eps
-    h, new_cache = self.attn(rms_norm(x_btd, self.attn_norm_d[...], eps), positions_bt, mask_bts, cache_kv,
+    h, new_cache = self.attn(rms_norm(x_btd, self.attn_norm_d[...], eps), rope_cs, mask_bts, cache_kv,
                              cache_lengths)
     x_btd = x_btd + h
     x_btd = x_btd + self.mlp(rms_norm(x_btd, self.mlp_norm_d[...], eps))
@@ -258,13 +262,14 @@ class Qwen(nnx.Module):
       slots = jnp.arange(cache.max_len, dtype=jnp.int32)
       mask = slots[None, None, :] <= positions[:, :, None]
 
+    rope_cs = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
     layer_fn = lambda layer, *args: layer(*args)
     if cfg.remat and cache is None:
       layer_fn = nnx.remat(layer_fn)
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
-      x, layer_cache = layer_fn(layer, x, positions, mask, kv, None if cache is None else cache.lengths)
+      x, layer_cache = layer_fn(layer, x, rope_cs, mask, kv, None if cache is None else cache.lengths)
       if layer_cache is not None:
         new_k.append(layer_cache[0])
         new_v.append(layer_cache[1])
