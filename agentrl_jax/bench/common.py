@@ -7,8 +7,10 @@ is noisy (shared cores), so measurements are interleaved and ratios are taken ro
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from typing import Callable
@@ -78,3 +80,32 @@ def tunix_python() -> str | None:
 def log(msg: str) -> None:
     """Progress to stderr, so stdout carries only the one JSON line."""
     print(msg, file=sys.stderr, flush=True)
+
+
+class SideProcess:
+    """A worker script run in another interpreter (Tunix's side venv), driven by a line protocol on stdin/stdout:
+    it prints one JSON line when ready, answers `run N` with one JSON line, and exits on `quit`."""
+
+    def __init__(self, python: str, script: str, args: list[str]):
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
+        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        self.proc = subprocess.Popen([python, path, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=env)
+        self.first = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {self.proc.args[1]} exited with code {self.proc.wait()} (its stderr is above)")
+        return json.loads(line)
+
+    def run(self, n: int) -> dict:
+        self.proc.stdin.write(f"run {n}\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self, timeout: float = 120):
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=timeout)

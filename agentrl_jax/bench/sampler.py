@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 
@@ -89,33 +88,15 @@ def matmul_floor_seconds(cfg: ModelConfig, batch: int, repeats: int = 30) -> flo
     return total
 
 
-class TunixWorker:
+class TunixWorker(common.SideProcess):
     """The sampler_tunix.py subprocess (protocol in its docstring)."""
 
     def __init__(self, python: str, hf_dir: str, prompts_path: str, new_tokens: int):
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sampler_tunix.py")
-        env = dict(os.environ, JAX_PLATFORMS="cpu")
-        self.proc = subprocess.Popen([python, script, "--hf-dir", hf_dir, "--prompts", prompts_path,
-                                      "--new-tokens", str(new_tokens)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        self.first = self._read()
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"Tunix worker exited with code {self.proc.wait()} (its stderr is above)")
-        return json.loads(line)
+        super().__init__(python, "sampler_tunix.py",
+                         ["--hf-dir", hf_dir, "--prompts", prompts_path, "--new-tokens", str(new_tokens)])
 
     def run(self, n: int) -> list[float]:
-        self.proc.stdin.write(f"run {n}\n")
-        self.proc.stdin.flush()
-        return self._read()["times"]
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.close()
-            self.proc.wait(timeout=120)
+        return super().run(n)["times"]
 
 
 def _hf_generate(model, prompts: np.ndarray, new_tokens: int, seed: int):

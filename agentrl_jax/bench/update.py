@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 
@@ -58,34 +57,16 @@ def make_batch(cfg: ModelConfig, batch: int, seq: int, prompt_len: int, seed: in
     return {"tokens": tokens, "loss_mask": mask, "advantages": adv}
 
 
-class TunixWorker:
+class TunixWorker(common.SideProcess):
     """The update_tunix.py subprocess (line protocol in its docstring)."""
 
     def __init__(self, python: str, hf_dir: str, batch_path: str):
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "update_tunix.py")
-        env = dict(os.environ, JAX_PLATFORMS="cpu")
-        self.proc = subprocess.Popen([python, script, "--hf-dir", hf_dir, "--batch", batch_path],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        self.first = self._read()
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"Tunix worker exited with code {self.proc.wait()} (its stderr is above)")
-        return json.loads(line)
+        super().__init__(python, "update_tunix.py", ["--hf-dir", hf_dir, "--batch", batch_path])
 
     def run(self, n: int) -> tuple[list[float], list[float]]:
         """(wall seconds, process CPU seconds) of n steps."""
-        self.proc.stdin.write(f"run {n}\n")
-        self.proc.stdin.flush()
-        out = self._read()
+        out = super().run(n)
         return out["times"], out["cpu"]
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.close()
-            self.proc.wait(timeout=60)
 
 
 def run(args) -> dict:
