@@ -21,10 +21,8 @@ from agentrl_jax.rl import recipe
 def get_config(arg=None):
   if arg not in (None, "", "smoke"):
     raise ValueError(f"collect_trajectories: unknown arg {arg!r}; expected nothing or 'smoke'")
-  config = recipe.rl_config(size="qwen3_4b")
-  config.job = "collect"
+  config = recipe.sampling_job_config("collect", smoke=arg == "smoke")
   config.builder = "rollout"
-  config.model.remat = False
   # Sampling as in RL training (T=1.0, top_p=1.0); the recipe's rollout limits (16 turns, 20480 tokens).
   config.collect = ml_collections.ConfigDict(dict(
       n=8, temperature=1.0, top_p=1.0, top_k=0, prompts_per_batch=64, limit=0,
@@ -33,12 +31,7 @@ def get_config(arg=None):
       dedup_threshold=0.8, dedup_ngram=4,   # word 4-gram Jaccard within a prompt; 0 disables
       output="trajectories.parquet"))
   if arg == "smoke":
-    recipe.shrink_for_smoke(config)
-    config.data.update(toy_problems=16, toy_levels=[1, 2, 3])
-    config.rollout.update(max_response_len=128, max_turns=3)
     config.collect.update(n=4, prompts_per_batch=16)
-  for block in ("rl", "optimizer", "eval", "checkpoint", "log_every_steps", "samples_every_steps",
-                "samples_per_log", "wandb_project"):
-    del config[block]
+  recipe.drop_training_blocks(config)
   config.lock()
   return config

@@ -9,26 +9,18 @@ Writes WORKDIR/eval_metrics.json and every rollout to WORKDIR/eval_rollouts.json
 Args: :aime2024  only the real AIME 2024 file shipped beside the project (../shared/data), tiny model, n=2
 """
 
-import os
-
 from agentrl_jax.rl import recipe
-
-_SHARED_AIME = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
-                            "aime2024.jsonl")
-
 
 def get_config(arg=None):
   if arg not in (None, "", "aime2024"):
     raise ValueError(f"eval_demystify: unknown arg {arg!r}; expected nothing or 'aime2024'")
-  config = recipe.rl_config(size="qwen3_4b")
-  config.job = "eval"
-  config.model.remat = False
+  config = recipe.sampling_job_config("eval")
   config.eval_root = ""  # directory holding the four eval files (names in recipe.eval_sources)
   config.eval.update(n=32, temperature=1.0, top_p=0.6, ks=[1, 8, 16, 32])
   if arg == "aime2024":
     recipe.shrink_for_smoke(config)
     config.rollout.update(max_prompt_len=1024, max_response_len=32, prompt_bucket_min=256)
-    config.eval.update(n=2, ks=[1, 2], sources=[dict(name="AIME2024", path=os.path.normpath(_SHARED_AIME),
+    config.eval.update(n=2, ks=[1, 2], sources=[dict(name="AIME2024", path=recipe.SHARED_AIME2024,
                                                      schema="aime2024", limit=0)])
   config.lock()
   return config

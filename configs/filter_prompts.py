@@ -20,23 +20,15 @@ from agentrl_jax.rl import recipe
 def get_config(arg=None):
   if arg not in (None, "", "smoke"):
     raise ValueError(f"filter_prompts: unknown arg {arg!r}; expected nothing or 'smoke'")
-  config = recipe.rl_config(size="qwen3_4b")
-  config.job = "filter"
-  config.model.remat = False
-  n = config.rl.n
+  config = recipe.sampling_job_config("filter", smoke=arg == "smoke")
   # The rate RL will see: the training sampling settings (T=1.0, top_p=1.0) and the recipe's n samples.
   config.filter = ml_collections.ConfigDict(dict(
-      k=n, temperature=config.rollout.temperature, top_p=config.rollout.top_p, top_k=config.rollout.top_k,
+      k=recipe.rl_config().rl.n, temperature=config.rollout.temperature, top_p=config.rollout.top_p, top_k=config.rollout.top_k,
       prompts_per_batch=64, limit=0,
       min_pass_rate=0.0, max_pass_rate=1.0, include_min=False, include_max=False,
       output="filtered.parquet", report="pass_rates.jsonl"))
   if arg == "smoke":
-    recipe.shrink_for_smoke(config)
-    config.data.update(toy_problems=16, toy_levels=[1, 2, 3])
-    config.rollout.update(max_response_len=128, max_turns=3)
     config.filter.update(k=4, prompts_per_batch=16)
-  for block in ("rl", "optimizer", "eval", "checkpoint", "log_every_steps", "samples_every_steps",
-                "samples_per_log", "wandb_project"):
-    del config[block]
+  recipe.drop_training_blocks(config)
   config.lock()
   return config

@@ -14,15 +14,9 @@ Args: :smoke     toy arithmetic problems with plain solutions (level-0 rows have
 The job is `collect` with `builder = "stitched"` (agentrl_jax/data/stitched.py); no model is loaded.
 """
 
-import os
-
 import ml_collections
 
 from agentrl_jax.rl import recipe
-
-_SHARED_AIME = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
-                            "aime2024.jsonl")
-
 
 def get_config(arg=None):
   if arg not in (None, "", "smoke", "aime2024"):
@@ -45,6 +39,6 @@ def get_config(arg=None):
     config.data.update(toy_problems=16, toy_levels=[0, 1, 2, 3])
     config.tools.update(timeout_s=5.0, memory_mb=512)
   elif arg == "aime2024":
-    config.data.update(train_path=os.path.normpath(_SHARED_AIME), train_schema="aime2024")
+    config.data.update(train_path=recipe.SHARED_AIME2024, train_schema="aime2024")
   config.lock()
   return config

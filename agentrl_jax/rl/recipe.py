@@ -18,9 +18,17 @@ applies it), malformed tool calls answered with an error the model can recover f
 
 from __future__ import annotations
 
+import os
+
 import ml_collections
 
 from agentrl_jax.models import loading
+
+# The real AIME 2024 copy shipped beside the project checkout (../shared/data); never copied into the repo.
+SHARED_AIME2024 = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                                "shared", "data", "aime2024.jsonl"))
+_TRAINING_BLOCKS = ("rl", "optimizer", "eval", "checkpoint", "log_every_steps", "samples_every_steps",
+                    "samples_per_log", "wandb_project")
 
 
 def eval_sources(root: str) -> list[dict]:
@@ -103,4 +111,24 @@ def shrink_for_smoke(config: ml_collections.ConfigDict) -> ml_collections.Config
                    response_bucket_min=32, logits_chunk_size=0)
   config.eval.update(sources=[], at_start=False, n=2, ks=[1, 2])
   config.checkpoint.update(every_steps=1, async_save=False)
+  return config
+
+
+def sampling_job_config(job: str, *, smoke: bool = False) -> ml_collections.ConfigDict:
+  """The RL config as the base of a job that only samples the policy (eval, collect, filter): no remat; with
+  `smoke`, CPU size on the embedded arithmetic task (levels 1-3, room for a tool call and an answer)."""
+  config = rl_config(size="qwen3_4b")
+  config.job = job
+  config.model.remat = False
+  if smoke:
+    shrink_for_smoke(config)
+    config.data.update(toy_problems=16, toy_levels=[1, 2, 3])
+    config.rollout.update(max_response_len=128, max_turns=3)
+  return config
+
+
+def drop_training_blocks(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Removes the blocks only the RL trainer reads, so a sampling job's config shows what it uses."""
+  for block in _TRAINING_BLOCKS:
+    del config[block]
   return config
