@@ -31,7 +31,7 @@ from jaxtyping import Array, Float, Int
 
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.kv_cache import CACHE_AXES, KVCache
+from agentrl_jax.models.kv_cache import K_AXES, V_AXES, KVCache
 from agentrl_jax.sampling import logits as logits_lib
 from agentrl_jax.sampling.config import SamplingConfig, StopReason
 
@@ -122,13 +122,8 @@ def init_state(cfg: ModelConfig, batch: int, capacity: int, key: jax.Array, *, f
 
 def grow(state: SamplingState, capacity: int) -> SamplingState:
   """Pads the cache to `capacity` slots per row (the sampler grows it in buckets as rows get longer)."""
-  pad = capacity - state.capacity
-  if pad < 0:
-    raise ValueError(f"grow: capacity {capacity} is below the current {state.capacity}")
   TRACE_COUNTS["grow"] += 1
-  padk = lambda x: sharding_lib.shard(jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))), CACHE_AXES)
-  cache = state.cache.replace(k=tuple(map(padk, state.cache.k)), v=tuple(map(padk, state.cache.v)))
-  return state.replace(cache=cache)
+  return state.replace(cache=state.cache.grow(capacity))
 
 
 # --------------------------------------------------------------------------- shared pieces
@@ -230,17 +225,14 @@ def prefill_groups(
   TRACE_COUNTS["prefill_groups"] += 1
   model = nnx.merge(graphdef, params)
   p, t = tokens.shape
-  small = KVCache.init(model.cfg, p, t, dtype=state.cache.k[0].dtype)
+  small = KVCache.init(model.cfg, p, t, dtype=state.cache.dtype)
   hidden, small = model(tokens, cache=small, chunk_lengths=lengths, return_hidden=True)
   logits = model.unembed(_last_hidden(hidden, lengths))  # [P, V]: one unembed per prompt, not per token
   rows = jnp.repeat(jnp.arange(p), n)
   small = small.select_rows(rows)  # [P*n, T]: the n samples share the one prefill
   logits = jnp.take(logits, rows, axis=0)
 
-  cache = state.cache
-  write = lambda big, new: sharding_lib.shard(big.at[slots, :t].set(new.astype(big.dtype), mode="drop"), CACHE_AXES)
-  cache = cache.replace(k=tuple(map(write, cache.k, small.k)), v=tuple(map(write, cache.v, small.v)),
-                        lengths=_set_rows(cache.lengths, slots, small.lengths))
+  cache = state.cache.put_rows(slots, small)
   return _draw_and_record(state, cache, logits, slots, budgets, forced, sampling)
 
 
@@ -284,10 +276,7 @@ def extend(
   lengths = jnp.where(valid, chunk_lengths, 0)
   hidden, sub = model(chunk, cache=sub, chunk_lengths=lengths, return_hidden=True)
   logits = model.unembed(_last_hidden(hidden, lengths))
-  write = lambda big, new: sharding_lib.shard(big.at[rows].set(new.astype(big.dtype), mode="drop"), CACHE_AXES)
-  cache = state.cache
-  cache = cache.replace(k=tuple(map(write, cache.k, sub.k)), v=tuple(map(write, cache.v, sub.v)),
-                        lengths=_set_rows(cache.lengths, rows, sub.lengths))
+  cache = state.cache.put_rows(rows, sub)
   drawn = jnp.where(final, rows, b)  # rows that draw; the others only append to their cache
   return _draw_and_record(state, cache, logits, drawn, budgets, forced, sampling)
 
@@ -393,12 +382,12 @@ class Sampler:
 
 
 def _state_shardings(state: SamplingState, mesh):
-  """Shardings of a SamplingState: cache by CACHE_AXES, per-row arrays along "batch", the rest replicated."""
+  """Shardings of a SamplingState: cache by K_AXES / V_AXES, per-row arrays along "batch", the rest replicated."""
 
   def one(path, x):
     names = [getattr(p, "name", getattr(p, "key", None)) for p in path]
     if names and names[0] == "cache" and names[1] in ("k", "v"):
-      return sharding_lib.named_sharding(mesh, CACHE_AXES, x.shape)
+      return sharding_lib.named_sharding(mesh, K_AXES if names[1] == "k" else V_AXES, x.shape)
     if x.ndim >= 1 and names[0] != "key":
       return sharding_lib.named_sharding(mesh, ("batch",) + (None,) * (x.ndim - 1), x.shape)
     return jax.sharding.NamedSharding(mesh, jax.P())

@@ -43,7 +43,7 @@ def test_qwen3_4b_forward_traces():
 
   logits, cache = jax.eval_shape(fwd, state, jax.ShapeDtypeStruct((2, 16), jnp.int32))
   assert logits.shape == (2, 16, 151936) and logits.dtype == jnp.float32
-  assert cache.k[0].shape == (2, 64, 8, 128) and len(cache.k) == 36
+  assert cache.k[0].shape == (2, 8, 128, 64) and cache.v[0].shape == (2, 8, 64, 128) and len(cache.k) == 36
 
 
 def test_hf_config_round_trip():

@@ -108,9 +108,9 @@ def test_n_samples_share_one_prefill():
   single = KVCache.init(cfg, 1, 16)
   _, single = testing.jit_forward(model)(jnp.asarray(tokens[:1]), cache=single, chunk_lengths=jnp.asarray([10]))
   for layer in range(cfg.num_layers):
-    k = np.asarray(state.cache.k[layer])
-    for slot in (5, 0, 3):
-      np.testing.assert_allclose(k[slot, :10], np.asarray(single.k[layer])[0, :10], atol=1e-5)
+    for got, want in zip(state.cache.token_major(layer), single.token_major(layer)):
+      for slot in (5, 0, 3):
+        np.testing.assert_allclose(np.asarray(got)[slot, :10], np.asarray(want)[0, :10], atol=1e-5)
   assert np.all(np.asarray(state.active)[slots])
   assert np.all(np.asarray(state.budget)[slots] == 9)
 
@@ -177,7 +177,8 @@ def test_sharded_sampler_matches_single_device():
     assert a.tolist() == b.tolist()
   np.testing.assert_allclose(np.concatenate(ref.logp_raw), np.concatenate(out.logp_raw), atol=1e-5)
   state = sampler.init(32, jax.random.key(0))
-  assert state.cache.k[0].sharding.spec == jax.P("fsdp", None, "tensor", None)
+  assert state.cache.k[0].sharding.spec == jax.P("fsdp", "tensor", None, None)  # keys [B, K, H, S]
+  assert state.cache.v[0].sharding.spec == jax.P("fsdp", "tensor", None, None)  # values [B, K, S, H]
   assert state.last_token.sharding.spec == jax.P("fsdp")
 
 
