@@ -31,13 +31,19 @@ def categorical(key: jax.Array, x: Float[Array, "R V"]) -> Int[Array, "R"]:
   """Draws from softmax(x) per row by inverting the CDF with ONE uniform per row.
 
   `jax.random.categorical` (Gumbel-max) needs R x V random numbers; generating them (threefry) and the argmax
-  cost 8 ms per draw at [16, 32000] on CPU, ~20x this. The CDF is inverted in two levels (block sums, then
-  one block) so no full-vocabulary cumsum is needed. Tokens at -inf (filtered) have probability 0 and are
-  never drawn.
+  cost 8 ms per draw at [16, 32000] on CPU, ~20x this. See `_inverse_cdf`.
   """
-  r, v = x.shape
+  return _inverse_cdf(key, jnp.exp(x - jnp.max(x, axis=-1, keepdims=True)))
+
+
+def _inverse_cdf(key: jax.Array, p: Float[Array, "R V"]) -> Int[Array, "R"]:
+  """Draws index i of row r with probability p[r, i] / sum(p[r]) (p >= 0, unnormalised, finite).
+
+  The CDF is inverted in two levels (block sums, then one block) so no full-vocabulary cumsum is needed.
+  Entries with p = 0 (filtered tokens) are never drawn.
+  """
+  r, v = p.shape
   nb = -(-v // _BLOCK)
-  p = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
   p = jnp.pad(p, ((0, 0), (0, nb * _BLOCK - v))).reshape(r, nb, _BLOCK)
   cum_blocks = jnp.cumsum(jnp.sum(p, axis=-1), axis=-1)  # [R, nb]
   u = (1.0 - jax.random.uniform(key, (r, 1), jnp.float32)) * cum_blocks[:, -1:]  # in (0, total]
@@ -91,9 +97,15 @@ def sample(logits: Float[Array, "R V"], key: jax.Array, cfg: SamplingConfig,
     `(tokens [R] int32, logp_raw [R], logp_sample [R])`.
   """
   logits = logits.astype(jnp.float32)
-  lse_raw = jax.nn.logsumexp(logits, axis=-1)
+  # One max and one exp pass over the vocabulary serve both the raw log-normaliser and, at temperature 1
+  # without filters, the draw itself (a third of the sampling time at [16, 32000] on CPU).
+  peak = jnp.max(logits, axis=-1, keepdims=True)
+  unnormalised = jnp.exp(logits - peak)
+  lse_raw = jnp.log(jnp.sum(unnormalised, axis=-1)) + peak[:, 0]
   if cfg.greedy:
     token = argmax(logits)
+  elif not cfg.filters and cfg.temperature == 1.0:
+    token = _inverse_cdf(key, unnormalised)
   else:
     x = sampling_logits(logits, cfg)
     token = categorical(key, x)
