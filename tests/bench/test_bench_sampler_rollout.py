@@ -24,9 +24,21 @@ def test_sampler_bench_smoke():
     argv.append("--no-tunix")
   (line,) = _json_lines(bench_sampler.main, argv)
   assert line["bench"] == "sampler" and line["size"] == "tiny_qwen3"
-  for key in ("ours_tok_s", "hf_tok_s", "roofline_frac"):
+  for key in ("ours_tok_s", "hf_tok_s", "roofline_frac", "xla_step_floor_ms", "roofline_frac_at_step_floor"):
     assert line[key] > 0, key
   assert line["tunix_tok_s"] is None or line["tunix_tok_s"] > 0
+
+
+def test_sampler_ideal_counts_the_bytes_a_step_reads():
+  """Memory-bound ideal (infinite peak, 1 byte/s): an untied input table is not read, only B of its rows."""
+  from agentrl_jax.models.config import ModelConfig
+
+  cfg = ModelConfig.bench_5m()
+  b, plen, new = 4, 8, 3
+  weights = 4.0 * (cfg.param_count() - cfg.vocab_size * cfg.hidden_size + b * cfg.hidden_size)
+  kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4.0
+  want = weights + sum(weights + b * (plen + step) * kv_per_token for step in range(1, new))
+  assert bench_sampler.ideal_seconds(cfg, b, plen, new, peak=1e30, bw=1.0) == want
 
 
 def test_rollout_bench_smoke():
