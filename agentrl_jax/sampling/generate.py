@@ -71,9 +71,11 @@ def generate(sampler: Sampler, params: nnx.State, prompts: Sequence[Sequence[int
   forced = None if not sampler.n_forced else np.full((groups * n, sampler.n_forced), -1, np.int32)
 
   # The cache grows with the rows (decode attends over every slot of it): capacities are multiples of 64, so one
-  # generate compiles at most max_new_tokens / segment_len + 1 decode shapes.
+  # generate compiles at most max_new_tokens / segment_len + 1 decode shapes. After `drawn` draws a row holds
+  # t + drawn - 1 tokens (its last draw is pending); a decode call writes one token per further draw.
   capacity = lambda need: max(-(-need // 64) * 64, t)
-  state = sampler.init(capacity(t + min(seg_len, max_new_tokens)), key)
+  need = lambda drawn: t + drawn - 1 + min(seg_len, max_new_tokens - drawn)
+  state = sampler.init(capacity(need(1)), key)
   state, draw = sampler.prefill_groups(n, params, state, tokens, lengths, slots, budgets, forced)
   first = jax.device_get(draw)
   rows = len(prompts) * n
@@ -84,9 +86,8 @@ def generate(sampler: Sampler, params: nnx.State, prompts: Sequence[Sequence[int
   big = jnp.int32(np.iinfo(np.int32).max)
   drawn = 1
   while any(r == StopReason.RUNNING for r in reason):
-    need = t + min(drawn + seg_len, max_new_tokens)
-    if need > state.capacity:
-      state = sampler.grow(state, capacity(need))
+    if need(drawn) > state.capacity:
+      state = sampler.grow(state, capacity(need(drawn)))
     state, seg = sampler.decode(params, state, jnp.int32(seg_len), big)
     seg = jax.device_get(seg)
     drawn += seg_len

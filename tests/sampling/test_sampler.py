@@ -71,6 +71,22 @@ def test_logprobs_match_full_forward(hf_model):
     assert np.all(np.isfinite(ls))
 
 
+def test_cache_grown_to_exactly_what_each_segment_writes(hf_model):
+  """64-token prompts, 64-step segments: the cache is filled to its last slot (128, then 192, then 256) before it
+  grows. A write past the end would be dropped silently, so every log-prob is checked against a full forward."""
+  cfg, graphdef, params, _ = hf_model
+  sampler = make_sampler(graphdef, cfg, SamplingConfig(segment_len=64), batch=2)
+  grows = sampler_lib.TRACE_COUNTS["grow"]
+  prompts = [list(range(3, 67)), list(range(100, 164))]
+  out = generate(sampler, params, prompts, key=jax.random.key(4), max_new_tokens=130)
+  for prompt, toks, lr in zip(prompts, out.tokens, out.logp_raw):
+    assert len(toks) == 130
+    ids = prompt + toks.tolist()
+    full = _full_logp(cfg, graphdef, params, ids)
+    np.testing.assert_allclose(lr, full[np.arange(63, len(ids) - 1), toks], atol=1e-4)
+  assert sampler_lib.TRACE_COUNTS["grow"] - grows <= 2  # 128 -> 192 -> 256 (traced once per new capacity)
+
+
 def test_stop_reasons_and_budget():
   model = testing.tiny_model(seed=2)
   graphdef, params = nnx.split(model)
