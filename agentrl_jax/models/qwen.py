@@ -59,19 +59,18 @@ def _cached_attention(qg: Float[Array, "B T K G H"], k_t: Float[Array, "B K H S"
                       mask_bts: Array, scale: float) -> Float[Array, "B T K G H"]:
   """Attention of T queries per row over the cache (keys transposed `[B, K, H, S]`, values `[B, K, S, H]`).
 
-  Both products are batched matmuls over (B, K) that read the cache where it lies (see `kv_cache`): this is
-  the decode step's whole attention, so it runs at close to the memory bandwidth. Scores and softmax in
-  float32, as in `_dense_attention`.
+  Both products are batched matmuls over (B, K) whose operands lie in memory as the kernel reads them (see
+  `kv_cache`), so a decode step streams each half of the cache once. They are written with `lax.dot_general`
+  and the query first: `jnp.einsum` may swap the operands, and XLA:CPU then reads the cache through a
+  transposed-operand kernel (2-3x slower). Scores and softmax in float32, as in `_dense_attention`.
   """
   b, t, nk, g, h = qg.shape
-  dims = lambda: (((3,), (2,)), ((0, 1), (0, 1)))  # contract dim 3 with dim 2, batch over (B, K)
-  # lax.dot_general with the query first: jnp.einsum may swap the operands, which makes XLA:CPU read the cache
-  # through a transposed-operand kernel (2-3x slower here).
+  dims = (((3,), (2,)), ((0, 1), (0, 1)))  # contract dim 3 with dim 2, batch over (B, K)
   q = jnp.transpose(qg, (0, 2, 3, 1, 4)).reshape(b, nk, g * t, h)
-  scores = jax.lax.dot_general(q, k_t, dims(), preferred_element_type=jnp.float32) * scale  # [B, K, G*T, S]
+  scores = jax.lax.dot_general(q, k_t, dims, preferred_element_type=jnp.float32) * scale  # [B, K, G*T, S]
   keep = jnp.broadcast_to(mask_bts[:, None, None], (b, 1, g, t, mask_bts.shape[-1])).reshape(b, 1, g * t, -1)
   probs = jax.nn.softmax(jnp.where(keep, scores, jnp.finfo(jnp.float32).min), axis=-1).astype(qg.dtype)
-  out = jax.lax.dot_general(probs, v, dims())  # [B, K, G*T, H]
+  out = jax.lax.dot_general(probs, v, dims)  # [B, K, G*T, H]
   return jnp.transpose(out.reshape(b, nk, g, t, h), (0, 3, 1, 2, 4))
 
 
