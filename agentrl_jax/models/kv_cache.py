@@ -80,9 +80,12 @@ class KVCache:
     pad = capacity - self.max_len
     if pad < 0:
       raise ValueError(f"KVCache.grow: capacity {capacity} is below the current {self.max_len}")
-    padk = lambda x: sharding.shard(jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, pad))), K_AXES)
-    padv = lambda x: sharding.shard(jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))), V_AXES)
-    return self.replace(k=tuple(map(padk, self.k)), v=tuple(map(padv, self.v)))
+    def pad_seq(x, seq_axis, axes):
+      widths = [(0, pad if i == seq_axis else 0) for i in range(x.ndim)]
+      return sharding.shard(jnp.pad(x, widths), axes)
+
+    return self.replace(k=tuple(pad_seq(x, K_SEQ_AXIS, K_AXES) for x in self.k),
+                        v=tuple(pad_seq(x, V_SEQ_AXIS, V_AXES) for x in self.v))
 
   def put_rows(self, rows: Int[Array, "R"], other: KVCache) -> KVCache:
     """Writes `other`'s R rows into row slots `rows` (index >= B drops the row): slots `[0, other.max_len)` of
