@@ -16,7 +16,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 
 # job name -> module whose `run(config, workdir)` executes it
 JOBS = {
-    "smoke": "agentrl_jax.tasks.smoke",
+    "pipeline": "agentrl_jax.pipeline.job",
     "sft": "agentrl_jax.sft.trainer",
     "rl": "agentrl_jax.rl.trainer",
     "eval": "agentrl_jax.evaluation.runner",

@@ -1,21 +1,88 @@
-"""The embedded CPU default run by `bash launch/local.sh`.
+"""The main job: the whole recipe on the embedded arithmetic task, end to end on a 2-core CPU in ~10 minutes.
 
-Run: python -m agentrl_jax.main --config=configs/default.py --workdir=runs/local
+Run:  bash launch/local.sh      (= python -m agentrl_jax.main --config=configs/default.py --workdir=runs/local_demo)
+Stages (agentrl_jax/pipeline): data -> teacher trajectories through the real sandbox -> SFT -> eval -> model-aware
+prompt filter -> GRPO-TCR -> eval -> report (summary.json, report.md, plots; TensorBoard logs per stage).
+A killed run resumes with the same command. Override any field: --config.rl.loss.clip_high=0.2.
+Args: :smoke  every stage at toy size (the test suite runs it; the numbers mean nothing)
 
-For now this is the smoke job (tiny model + tiny tokenizer built locally, a chat prompt rendered with the tool
-schema, prefill + cached greedy decode); the embedded end-to-end agentic RL demo replaces it once it exists.
+The recipe's RL constants (agentrl_jax/rl/recipe.py: token-mean loss, clip 0.2 / 0.28, dual clip, no KL, no
+entropy bonus, GRPO advantages, overlong shaping in tokens, tool-call shaping) are kept; sizes, lengths, the
+learning rate and the batch shape are shrunk to what a tiny model on 2 CPU cores can run.
 """
 
 import ml_collections
 
+from agentrl_jax.models import loading
+from agentrl_jax.rl import recipe
+
 
 def get_config(arg=None):
-  del arg
+  if arg not in (None, "", "smoke"):
+    raise ValueError(f"default: unknown arg {arg!r}; expected nothing or 'smoke'")
+  base = recipe.rl_config()
   config = ml_collections.ConfigDict()
-  config.job = "smoke"
+  config.job = "pipeline"
+  config.name = "embedded arithmetic demo"
   config.seed = 0
-  config.model = ml_collections.ConfigDict(dict(size="tiny_qwen3", hf_path="", tokenizer_path=""))
-  config.prompt = "What is 17 * 23? Use the code tool."
-  config.max_new_tokens = 16
+  config.stages = ["data", "teacher", "sft", "eval_sft", "filter", "rl", "eval_rl"]
+  config.data_dir = ""               # TFDS datasets; "" = <workdir>/tfds
+  config.compile_cache_dir = ""      # JAX's persistent compilation cache; "" = <workdir>/jax_cache
+  config.model = loading.model_block(size="demo_1m", param_dtype="float32", dtype="float32")
+  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=1))
+
+  # ---- the task: disjoint held-out / SFT / RL-pool splits of the arithmetic family (agentrl_jax/tasks)
+  config.task = ml_collections.ConfigDict(dict(
+      seed=0, heldout_problems=128, sft_problems=192, rl_problems=768, curve_problems=32,
+      level_weights=[[0, 0.1], [1, 0.2], [2, 0.35], [3, 0.35]]))
+  # ---- SFT data: the scripted teacher's code run in the sandbox ("real"), or the stitched baseline
+  config.teacher = ml_collections.ConfigDict(dict(source="real", style="deliberative", p_direct=0.5,
+                                                  p_mistake=0.15))
+  config.sft = ml_collections.ConfigDict(dict(batch_size=16, num_epochs=3, max_seq_len=512, micro_batch_rows=8,
+                                              warmup_ratio=0.1, logits_chunk_size=None))
+  config.sft_optimizer = ml_collections.ConfigDict(dict(learning_rate=3e-3, b1=0.9, b2=0.95, eps=1e-8,
+                                                        weight_decay=0.01, grad_clip=1.0, min_lr_ratio=0.1))
+
+  # ---- sampling with the tool loop (evaluation, filter, RL rollouts)
+  config.rollout = base.rollout
+  config.rollout.update(batch_size=128, max_turns=4, max_response_len=160, max_prompt_len=256,
+                        max_tool_output_chars=256, segment_len=32, groups_per_prefill=16, prompt_bucket_min=256,
+                        chunk_len=32, cache_bucket_min=384, advertise_tools=True)
+  config.tools = base.tools
+  config.tools.update(timeout_s=5.0, memory_mb=512)
+  config.reward = base.reward
+  config.reward.update(overlong_buffer_tokens=32)
+  config.prompt_style = base.prompt_style
+
+  # ---- model-aware filter: the RL pool's pass rate under the SFT policy, k samples each
+  config.filter = ml_collections.ConfigDict(dict(k=4, prompts_per_batch=256, min_pass_rate=0.0, max_pass_rate=1.0,
+                                                 include_min=False, include_max=False))
+  # ---- GRPO-TCR
+  config.rl = base.rl
+  config.rl.update(n=8, prompts_per_step=16, mini_batch_prompts=8, micro_batch_size=64, total_steps=30,
+                   response_bucket_min=192, logits_chunk_size=0)
+  config.optimizer = base.optimizer
+  config.optimizer.update(learning_rate=1e-3, b2=0.99)
+  # ---- held-out evaluation: after SFT and after RL on the whole split; during RL on `task.curve_problems`
+  config.eval = ml_collections.ConfigDict(dict(n=4, temperature=1.0, top_p=1.0, top_k=0, ks=[4], every_steps=5,
+                                               samples_to_log=8))
+  config.checkpoint = ml_collections.ConfigDict(dict(every_steps=5, max_to_keep=2, async_save=False))
+  config.log_every_steps = 5
+  config.samples_every_steps = 10
+  config.samples_per_log = 4
+  config.wandb_project = ""
+
+  if arg == "smoke":
+    config.name = "embedded arithmetic demo (smoke)"
+    config.model.size = "tiny_qwen3"
+    config.task.update(heldout_problems=8, sft_problems=16, rl_problems=16, curve_problems=4)
+    config.sft.update(batch_size=8, num_epochs=1)
+    config.rollout.update(batch_size=16, max_response_len=48, cache_bucket_min=256, max_turns=3)
+    config.filter.update(k=2, min_pass_rate=0.0, include_min=True, max_pass_rate=1.0, include_max=True)
+    config.rl.update(n=2, prompts_per_step=4, mini_batch_prompts=2, micro_batch_size=4, total_steps=2,
+                     response_bucket_min=64)
+    config.eval.update(n=2, ks=[2], every_steps=1)
+    config.checkpoint.every_steps = 1
+    config.log_every_steps = 1
   config.lock()
   return config

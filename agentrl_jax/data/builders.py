@@ -14,8 +14,10 @@ several hosts give each its own local `data_dir`, or let process 0 build before 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import io
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -26,6 +28,7 @@ import tensorflow_datasets as tfds
 from agentrl_jax.data import readers
 from agentrl_jax.data import records as rec
 
+log = logging.getLogger(__name__)
 _VERSION = "1.0.0"
 _SPLIT = "train"
 
@@ -146,6 +149,15 @@ class ConversationBuilder(_SourceBuilder, skip_registration=True):
     return rec.conversation_to_features(record)
 
 
+class _LogStream(io.TextIOBase):
+  """A text stream whose lines go to this module's log."""
+
+  def write(self, text: str) -> int:
+    if text.strip():
+      log.info("tfds: %s", text.strip())
+    return len(text)
+
+
 @dataclasses.dataclass(frozen=True)
 class PreparedDataset:
   """A built dataset and what its build skipped.
@@ -182,11 +194,16 @@ def prepare(source: SourceConfig) -> PreparedDataset:
   cls = PromptBuilder if source.kind == "prompt" else ConversationBuilder
   builder = cls(source=source)
   if not builder.is_prepared():
-    builder.download_and_prepare()
+    # TFDS prints its "Downloading and preparing dataset" notices to stdout and draws progress bars: into the
+    # log instead (the console belongs to the job; nothing is downloaded anyway).
+    tfds.display_progress_bar(False)  # a process-wide TFDS switch; this project's datasets never download
+    with contextlib.redirect_stdout(_LogStream()):
+      builder.download_and_prepare()
+    log.info("%s: built %s in %s", source.path, builder.info.full_name, builder.data_dir)
   metadata = builder.info.metadata or {}
   num_skipped = int(metadata.get("num_skipped", 0))
   if num_skipped:
-    logging.warning("%s: skipped %d of %d malformed rows (schema %s); first: %s", source.path, num_skipped,
+    log.warning("%s: skipped %d of %d malformed rows (schema %s); first: %s", source.path, num_skipped,
                     metadata.get("num_rows"), source.schema, metadata.get("skipped", [])[:3])
   return PreparedDataset(
       source=source,

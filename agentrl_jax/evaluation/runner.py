@@ -110,7 +110,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       f.write(json.dumps(row) + "\n")
   with open(os.path.join(workdir, "eval_metrics.json"), "w") as f:
     json.dump(metrics, f, indent=2, sort_keys=True)
-  for name in sorted(metrics):
+  for name in sorted(metrics) if ev.get("print_metrics", True) else ():  # a pipeline prints its own report
     if "@" in name or name.endswith(("tool_calls_mean", "tool_success_rate", "response_tokens_mean")):
       print(f"{name:40s} {metrics[name]:.4f}")
   return metrics

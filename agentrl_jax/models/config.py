@@ -156,6 +156,13 @@ class ModelConfig:
     return cls.tiny_qwen3(**{**dict(family="qwen2", qkv_bias=True, qk_norm=False, tie_embeddings=False), **kw})
 
   @classmethod
+  def demo_1m(cls, **kw) -> ModelConfig:
+    """~1M-parameter Qwen3 (hidden 128, 4 layers) of the embedded CPU demo (`configs/default.py`)."""
+    return cls(**{**dict(vocab_size=768, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
+                         num_kv_heads=2, head_dim=32, rope_theta=10_000.0, max_position_embeddings=2048,
+                         bos_token_id=None, eos_token_id=None), **kw})
+
+  @classmethod
   def bench_5m(cls, **kw) -> ModelConfig:
     """~5M-parameter Qwen3 (hidden 256, 4 layers, vocab 4096, untied embeddings) used by the benchmarks."""
     return cls(**{**dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4,
@@ -275,5 +282,5 @@ class ModelConfig:
     return cfg
 
 
-SIZES = ("qwen3_0p6b", "qwen3_1p7b", "qwen3_4b", "qwen3_8b", "qwen2p5_7b", "tiny_qwen3", "tiny_qwen2", "bench_5m",
+SIZES = ("qwen3_0p6b", "qwen3_1p7b", "qwen3_4b", "qwen3_8b", "qwen2p5_7b", "tiny_qwen3", "tiny_qwen2", "demo_1m", "bench_5m",
          "bench_58m")

@@ -6,7 +6,8 @@ The block's fields (all jobs use the same ones):
     hf_path         a local HF checkpoint directory (config.json + safetensors); wins over `size`
     checkpoint      an Orbax checkpoint directory of one of our runs (`<workdir>/checkpoints`); wins over both
     checkpoint_step which step of `checkpoint` (0 = the latest)
-    tokenizer_path  tokenizer directory; default `hf_path`, else the tiny local BPE tokenizer
+    tokenizer_path  tokenizer directory; default `hf_path` (the jobs fill in the embedded task's tokenizer when
+                    both are empty: `agentrl_jax.tasks.tokenizer.fill_model_block`)
     param_dtype, dtype, remat   overrides of the ModelConfig fields ("" = keep)
 """
 
@@ -33,12 +34,10 @@ def tokenizer_and_config(m: ml_collections.ConfigDict):
   """The tokenizer and the `ModelConfig` the block describes (nothing is allocated)."""
   overrides = {k: m[k] for k in _OVERRIDES if m.get(k) not in (None, "")}
   tok_path = m.get("tokenizer_path") or m.get("hf_path")
-  if tok_path:
-    tokenizer = tok_lib.load_tokenizer(tok_path)
-  else:
-    from agentrl_jax import testing  # the tiny BPE tokenizer with Qwen's special tokens, built locally
-
-    tokenizer = testing.tiny_tokenizer()
+  if not tok_path:
+    raise ValueError("model.tokenizer_path and model.hf_path are both empty: no tokenizer to load (the jobs "
+                     "default to the embedded task's tokenizer: agentrl_jax.tasks.tokenizer.fill_model_block)")
+  tokenizer = tok_lib.load_tokenizer(tok_path)
   if m.get("checkpoint"):
     from agentrl_jax import checkpoint as ckpt_lib
 

@@ -100,9 +100,16 @@ def load_tokenizer(path: str | os.PathLike) -> transformers.PreTrainedTokenizerB
   return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
-def build_tiny_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 512,
-                         corpus: list[str] | None = None) -> transformers.PreTrainedTokenizerBase:
+def build_tiny_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 512, corpus: list[str] | None = None, *,
+                         individual_digits: bool = False) -> transformers.PreTrainedTokenizerBase:
   """Trains a byte-level BPE with Qwen's special tokens and hermes chat template; saves it to `out_dir`.
+
+  Args:
+    out_dir: where the tokenizer files go (`tokenizer.json`, `tokenizer_config.json`, ...).
+    vocab_size: total size including the special and added tokens.
+    corpus: training text (default: a small generic chat/Python/math corpus).
+    individual_digits: split numbers into single digits before BPE, as Qwen2/Qwen3's pre-tokenizer does, so
+      every number is spelled digit by digit (regular for arithmetic and for copying numbers).
 
   Deterministic for a given corpus and vocab size. Returns the tokenizer reloaded with `AutoTokenizer`.
   """
@@ -112,7 +119,9 @@ def build_tiny_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 512,
   if vocab_size < n_fixed + 16:
     raise ValueError(f"build_tiny_tokenizer: vocab_size must be >= {n_fixed + 16}, got {vocab_size}")
   tok = Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                       if individual_digits else byte_level)
   tok.decoder = decoders.ByteLevel()
   trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(ADDED_TOKENS), special_tokens=list(SPECIAL_TOKENS),
                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)

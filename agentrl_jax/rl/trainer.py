@@ -39,6 +39,7 @@ from agentrl_jax.rl import update as update_lib
 from agentrl_jax.rollout import engine as engine_lib
 from agentrl_jax.rollout import jobs
 from agentrl_jax.rollout.episode import collate
+from agentrl_jax.tasks import tokenizer as embedded_tokenizer
 from agentrl_jax.tools import base as tools_base
 
 log = logging.getLogger(__name__)
@@ -91,15 +92,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   opt_cfg = update_lib.OptimizerConfig(**config.optimizer)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), ckpt_cfg)
   counters = {"episodes": 0, "prompts": 0, "skipped_prompts": 0, "dropped_groups": 0, "generated_tokens": 0}
-  tokenizer, model_cfg = loading.tokenizer_and_config(config.model)
+  model_block = embedded_tokenizer.fill_model_block(config.model)
+  tokenizer, model_cfg = loading.tokenizer_and_config(model_block)
   ref_params = None
   graphdef, state, rng, step, restored_meta = update_lib.init_or_restore_train_state(
-      ckpt, config.model, model_cfg, opt_cfg, mesh, root_key=root, init_key=init_key, data_iterator=data_iter)
+      ckpt, model_block, model_cfg, opt_cfg, mesh, root_key=root, init_key=init_key, data_iterator=data_iter)
   if step:
     counters.update(restored_meta.get("counters", {}))
     log.info("rl: resumed at step %d of %d", step, total_steps)
   if loss_cfg.needs_reference:  # the KL term's frozen reference: the initial policy (loaded only when KL is on)
-    _, ref_model = loading.load_policy(config.model, mesh, init_key)
+    _, ref_model = loading.load_policy(model_block, mesh, init_key)
     ref_params = nnx.state(ref_model)
     del ref_model
   shardings = update_lib.train_state_shardings(state, mesh)

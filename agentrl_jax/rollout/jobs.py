@@ -27,6 +27,7 @@ from agentrl_jax.models import loading
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rollout import engine as engine_lib
+from agentrl_jax.tasks import tokenizer as embedded_tokenizer
 from agentrl_jax.tools import base as tools_base
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ def sampling_job(config: ml_collections.ConfigDict, *, temperature: float, top_p
   root = jax.random.key(config.seed)
   init_key, sample_key = jax.random.split(root)
   mesh = sharding_lib.mesh_from_config(config.mesh)
-  tokenizer, model = loading.load_policy(config.model, mesh, init_key)
+  tokenizer, model = loading.load_policy(embedded_tokenizer.fill_model_block(config.model), mesh, init_key)
   graphdef, params = nnx.split(model)
   executor = tools_base.make_executor(engine_lib.tool_config(config.tools))
   try:

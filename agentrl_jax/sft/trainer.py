@@ -29,6 +29,7 @@ from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.rl import update as rl_update
 from agentrl_jax.sft import step as step_lib
 from agentrl_jax.sft import toy_data
+from agentrl_jax.tasks import tokenizer as embedded_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   root = jax.random.key(config.seed)
   init_key, _ = jax.random.split(root)  # named keys: init; SFT has nothing stochastic beyond the data order
   mesh = sharding_lib.mesh_from_config(config.mesh)
-  tokenizer, model_cfg = loading.tokenizer_and_config(config.model)
+  model_block = embedded_tokenizer.fill_model_block(config.model)
+  tokenizer, model_cfg = loading.tokenizer_and_config(model_block)
   log.info("sft: %s (%s params) on mesh %s", model_cfg.family, f"{model_cfg.param_count():,}", dict(mesh.shape))
 
   # ---------------------------------------------------------------------------------------------- data
@@ -69,7 +71,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), ckpt_cfg)
   counters = {"skipped_conversations": 0, "trained_tokens": 0}
   graphdef, state, rng, step, restored_meta = rl_update.init_or_restore_train_state(
-      ckpt, config.model, model_cfg, opt_cfg, mesh, root_key=root, init_key=init_key, data_iterator=data_iter)
+      ckpt, model_block, model_cfg, opt_cfg, mesh, root_key=root, init_key=init_key, data_iterator=data_iter)
   if step:
     counters.update(restored_meta.get("counters", {}))
     log.info("sft: resumed at step %d of %d", step, total_steps)

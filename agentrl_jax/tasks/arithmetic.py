@@ -67,6 +67,54 @@ def make_problems(n: int, *, levels: tuple[int, ...] = LEVELS, seed: int = 0) ->
   return [make_problem(rng, rng.choice(levels)) for _ in range(n)]
 
 
+# How many distinct problems each level has (levels 2 and 3 are effectively unbounded at these sizes).
+LEVEL_SPACE = {0: 100, 1: 100, 2: 90 * 90, 3: 39 ** 4 * 3 * 2}
+
+
+def make_splits(sizes: dict[str, int], *, level_weights: dict[int, float] | None = None,
+                seed: int = 0) -> dict[str, list[Problem]]:
+  """Disjoint problem sets, one per named split, deterministic in `seed`.
+
+  No question appears twice, neither within a split nor across splits, so a held-out split never overlaps what
+  SFT, the prompt filter or RL see. Splits are filled in the order of `sizes` from one stream of draws: each
+  draw picks a level by `level_weights` (default uniform over `LEVELS`) among the levels not yet exhausted.
+
+  Args:
+    sizes: split name -> number of problems, e.g. `{"heldout": 128, "sft": 256, "rl": 2048}`.
+    level_weights: level -> relative frequency (levels left out are never drawn).
+    seed: the stream's seed.
+
+  Raises:
+    ValueError: an unknown level, a negative size, or more problems asked of the levels than they have.
+  """
+  weights = dict(level_weights or {level: 1.0 for level in LEVELS})
+  for level, w in weights.items():
+    if level not in LEVELS or not w >= 0:
+      raise ValueError(f"make_splits: level_weights needs levels in {LEVELS} with weights >= 0, got {weights}")
+  if any(n < 0 for n in sizes.values()):
+    raise ValueError(f"make_splits: sizes must be >= 0, got {sizes}")
+  room = sum(LEVEL_SPACE[level] for level, w in weights.items() if w > 0)
+  if sum(sizes.values()) > room:
+    raise ValueError(f"make_splits: {sum(sizes.values())} problems asked but levels {sorted(weights)} hold {room}")
+  rng = random.Random(seed)
+  seen: set[str] = set()
+  used = {level: 0 for level in weights}
+  out: dict[str, list[Problem]] = {}
+  for name, n in sizes.items():
+    split: list[Problem] = []
+    while len(split) < n:
+      open_levels = [lv for lv, w in weights.items() if w > 0 and used[lv] < LEVEL_SPACE[lv]]
+      level = rng.choices(open_levels, weights=[weights[lv] for lv in open_levels])[0]
+      p = make_problem(rng, level)
+      if p.question in seen:
+        continue
+      seen.add(p.question)
+      used[level] += 1
+      split.append(p)
+    out[name] = split
+  return out
+
+
 def rl_rows(problems: list[Problem], *, start_index: int = 0) -> list[dict]:
   """Rows in the recipe's RL parquet schema."""
   return [{

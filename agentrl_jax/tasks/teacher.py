@@ -23,7 +23,8 @@ def tool_call_text(expression: str) -> str:
   return f'<tool_call>\n{{"name": "{TOOL_NAME}", "arguments": {args}}}\n</tool_call>'
 
 
-def _call(code: str) -> dict:
+def call(code: str) -> dict:
+  """A structured `tool_calls` entry running `code` (what the chat template renders as a hermes call)."""
   return {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": code}}}
 
 
@@ -33,34 +34,60 @@ def _buggy(rng: random.Random, expression: str) -> str:
   return f"print({expression} + offset)"  # NameError
 
 
+STYLES = ("deliberative", "frequent")
+
+
+def steps(problem: Problem, style: str) -> list[str]:
+  """The expressions the teacher evaluates with the tool, in order (empty: it answers directly).
+
+  deliberative: one call with the whole expression, only where the tool is needed (levels >= 2).
+  frequent: a call for every problem, and one call per operation of a compound expression; later steps use
+  the numbers the earlier calls printed, so every intermediate result is read back from the tool.
+  """
+  if style == "deliberative":
+    return [problem.expression] if problem.level >= 2 else []
+  if problem.level == 3:
+    left, right = problem.expression[1:-1].split(")*(")
+    return [left, right, "{0}*{1}"]
+  return [problem.expression]
+
+
 def conversation(problem: Problem, executor, rng: random.Random, *, p_direct: float = 0.5,
-                 p_mistake: float = 0.15) -> dict | None:
+                 p_mistake: float = 0.15, style: str = "deliberative") -> dict | None:
   """One SFT conversation `{'messages': [...], 'tools': [TOOL_SCHEMA]}` for `problem`, or None on a tool failure.
 
-  Level 0 is answered directly; level 1 directly with probability `p_direct`; harder levels call the tool,
-  first with a deliberate mistake with probability `p_mistake`.
+  With the deliberative style, level 0 is answered directly, level 1 directly with probability `p_direct`,
+  harder levels call the tool once for the whole expression. The frequent style calls the tool for every
+  problem and once per operation. A call is preceded by a deliberate mistake (a real failing run, then the
+  fix) with probability `p_mistake`.
   """
+  if style not in STYLES:
+    raise ValueError(f"teacher.conversation: style must be one of {STYLES}, got {style!r}")
   messages = [{"role": "user", "content": problem.question}]
-  direct = problem.level == 0 or (problem.level == 1 and rng.random() < p_direct)
-  if direct:
+  plan = steps(problem, style)
+  if style == "deliberative" and problem.level == 1 and rng.random() >= p_direct:
+    plan = [problem.expression]
+  if not plan:
     messages.append({"role": "assistant", "content": f"The answer is \\boxed{{{problem.answer}}}."})
     return {"messages": messages, "tools": [TOOL_SCHEMA]}
-  codes = []
-  if problem.level >= 2 and rng.random() < p_mistake:
-    codes.append(_buggy(rng, problem.expression))
-  codes.append(f"print({problem.expression})")
-  results = executor.run_batch(codes)
-  for i, (code, result) in enumerate(zip(codes, results)):
-    last = i == len(codes) - 1
-    if last and (result.status != "ok" or not result.stdout.strip()):
-      return None  # the sandbox failed on correct code: do not teach from a broken trajectory
-    if not last and result.status == "ok":
-      return None  # the deliberate mistake did not fail; skip rather than teach a confusing transcript
-    messages.append({"role": "assistant", "content": "" if i == 0 else "Let me fix the code.",
-                     "tool_calls": [_call(code)]})
-    messages.append({"role": "tool", "content": format_result(result, 2048)})
-  answer = results[-1].stdout.strip().splitlines()[-1]
-  messages.append({"role": "assistant", "content": f"The answer is \\boxed{{{answer}}}."})
+  outputs: list[str] = []
+  for step in plan:
+    expression = step.format(*outputs)
+    codes = [f"print({expression})"]
+    if problem.level >= 2 and rng.random() < p_mistake:
+      codes.insert(0, _buggy(rng, expression))
+    results = executor.run_batch(codes)
+    for i, (code, result) in enumerate(zip(codes, results)):
+      last = i == len(codes) - 1
+      if last and (result.status != "ok" or not result.stdout.strip()):
+        return None  # the sandbox failed on correct code: do not teach from a broken trajectory
+      if not last and result.status == "ok":
+        return None  # the deliberate mistake did not fail; skip rather than teach a confusing transcript
+      messages.append({"role": "assistant", "content": "Let me fix the code." if i else "",
+                       "tool_calls": [call(code)]})
+      messages.append({"role": "tool", "content": format_result(result, 2048)})
+    outputs.append(results[-1].stdout.strip().splitlines()[-1])
+  messages.append({"role": "assistant", "content": f"The answer is \\boxed{{{outputs[-1]}}}."})
   return {"messages": messages, "tools": [TOOL_SCHEMA]}
 
 

@@ -1,0 +1,152 @@
+"""The pipeline's report: `summary.json`, `report.md`, the before/after table, and the RL curves as PNG plots.
+
+    summary = {"sft": {"avg@4": ..., "pass@4": ..., "maj@4": ..., "tool_calls_per_response": ...,
+                       "tool_success_rate": ..., "response_len_mean": ...},
+               "rl": {...the same keys...}, "delta": {...rl - sft...},
+               "stages": {"<stage>": {"wall_s": ..., "compile_s": ..., "compiled_programs": ..., ...}, ...},
+               "wall_s": ..., "plots": ["rl_curves.png", ...], ...}
+
+Accuracies are fractions in [0, 1]; `tool_success_rate` is null when no tool was called.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import ml_collections
+
+from agentrl_jax.pipeline import stages
+
+# (file stem, title, [(metrics.jsonl key, label)]) for each plot against the RL step.
+CURVES = (
+    ("reward", "training reward", [("reward/mean", "reward (shaped)"), ("reward/acc", "accuracy (train)")]),
+    ("heldout_accuracy", "held-out accuracy", [("eval/{source}/avg@{k}", "avg@{k}"),
+                                               ("eval/{source}/pass@{k}", "pass@{k}")]),
+    ("entropy", "policy entropy (nats/token)", [("train/entropy", "entropy")]),
+    ("clip_fraction", "clip fractions", [("train/clip_frac_low", "low (1 - 0.2)"),
+                                         ("train/clip_frac_high", "high (1 + clip_high)")]),
+    ("tool_calls", "tool calls per response", [("response/tool_calls_mean", "calls / response")]),
+    ("response_length", "response length (tokens)", [("response/length_mean", "mean")]),
+)
+ROWS = (("avg@{k}", "avg@{k}", "{:.3f}"), ("pass@{k}", "pass@{k} (unbiased)", "{:.3f}"),
+        ("maj@{k}", "maj@{k}", "{:.3f}"), ("tool_calls_per_response", "tool calls / response", "{:.2f}"),
+        ("tool_success_rate", "tool success rate", "{:.3f}"), ("response_len_mean", "response length (tokens)",
+                                                               "{:.1f}"))
+
+
+def stage_line(stage: str, result: dict[str, Any]) -> str:
+  """What a finished stage did, in one line."""
+  if stage == "data":
+    s = result["splits"]
+    return (f"held-out {s['heldout']['problems']}, SFT {s['sft']['problems']}, RL pool {s['rl']['problems']} "
+            "problems (disjoint)")
+  if stage == "teacher":
+    calls = result.get("tool_calls_per_conversation")
+    extra = f", {calls:.2f} tool calls each" if calls is not None else ""
+    return f"{result['conversations']} {result['source']} trajectories ({result['dropped']} dropped){extra}"
+  if stage == "sft":
+    f = result["final"]
+    return f"final loss {f.get('loss', float('nan')):.4f} after {int(f.get('tokens', 0))} tokens in the last log window"
+  if stage in ("eval_sft", "eval_rl"):
+    m = result["metrics"]
+    return "  ".join(f"{k} {_fmt(v, '{:.3f}')}" for k, v in m.items())
+  if stage == "filter":
+    return (f"kept {result['kept']} of {result['prompts']} prompts with pass rate in {result['band']} "
+            f"({result['all_correct']} always right, {result['all_wrong']} always wrong)")
+  if stage == "rl":
+    f = result["final"]
+    return f"last step: reward {f.get('reward/mean', float('nan')):.3f}, train accuracy {f.get('reward/acc', 0):.3f}"
+  return ""
+
+
+def _fmt(value, spec: str) -> str:
+  return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else spec.format(value)
+
+
+def table(summary: dict[str, Any]) -> str:
+  """The before/after table on the held-out split, then each stage's wall and compile time."""
+  k = summary["k"]
+  lines = [f"held-out split: {summary['heldout_problems']} problems x {k} samples (T={summary['eval_temperature']})",
+           "",
+           f"| {'metric':<26} | {'SFT':>8} | {'RL':>8} | {'change':>8} |",
+           f"|{'-' * 28}|{'-' * 10}|{'-' * 10}|{'-' * 10}|"]
+  for key, label, spec in ROWS:
+    key, label = key.format(k=k), label.format(k=k)
+    a, b = summary["sft"].get(key), summary["rl"].get(key)
+    d = None if a is None or b is None else b - a
+    sign = "" if d is None or d < 0 else "+"
+    lines.append(f"| {label:<26} | {_fmt(a, spec):>8} | {_fmt(b, spec):>8} | {sign + _fmt(d, spec):>8} |")
+  lines += ["", f"| {'stage':<10} | {'wall s':>8} | {'compile s':>9} | {'programs':>8} |",
+            f"|{'-' * 12}|{'-' * 10}|{'-' * 11}|{'-' * 10}|"]
+  for stage, t in summary["stages"].items():
+    lines.append(f"| {stage:<10} | {t['wall_s']:>8.1f} | {t['compile_s']:>9.1f} | {t['compiled_programs']:>8d} |"
+                 + (" (earlier run)" if t.get("reused") else ""))
+  lines.append(f"| {'total':<10} | {summary['wall_s']:>8.1f} | {summary['compile_s']:>9.1f} | {'':>8} |")
+  return "\n".join(lines)
+
+
+def plot_curves(rows: list[dict], out_dir: str, *, source: str, k: int) -> list[str]:
+  """One PNG per curve of `CURVES`, plus `rl_curves.png` with all of them; returns the file names."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  def series(key):
+    pts = [(r["step"], r[key]) for r in rows if key in r and r[key] is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+  names = []
+  overview, axes = plt.subplots(2, 3, figsize=(13, 7))
+  for (stem, title, keys), ax_all in zip(CURVES, axes.flat):
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    for a in (ax, ax_all):
+      for key, label in keys:
+        x, y = series(key.format(source=source, k=k))
+        if x:
+          a.plot(x, y, marker="o" if len(x) < 12 else None, markersize=3, label=label.format(k=k))
+      a.set_title(title)
+      a.set_xlabel("RL step")
+      a.grid(alpha=0.3)
+      if len(keys) > 1:
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, f"{stem}.png"), dpi=100)
+    plt.close(fig)
+    names.append(f"{stem}.png")
+  overview.tight_layout()
+  overview.savefig(os.path.join(out_dir, "rl_curves.png"), dpi=90)
+  plt.close(overview)
+  return ["rl_curves.png", *names]
+
+
+def write(config: ml_collections.ConfigDict, workdir: str, results: dict[str, Any], timings: dict[str, dict],
+          *, wall_s: Callable[[], float]) -> dict[str, Any]:
+  """Writes summary.json, report.md and the plots into `workdir`; returns the summary."""
+  k = max(config.eval.ks)
+  sft = results.get("eval_sft", {}).get("metrics", {})
+  rl = results.get("eval_rl", {}).get("metrics", {})
+  delta = {key: (rl[key] - sft[key]) for key in sft if sft.get(key) is not None and rl.get(key) is not None}
+  plots = []
+  if "rl" in results and os.path.exists(results["rl"]["metrics"]):
+    plots = plot_curves(stages.read_jsonl(results["rl"]["metrics"]), workdir, source="toy_arith", k=k)
+  summary = {
+      "name": config.name, "seed": config.seed, "k": k, "eval_temperature": config.eval.temperature,
+      "heldout_problems": results.get("data", {}).get("splits", {}).get(stages.HELDOUT, {}).get("problems", 0),
+      "sft": sft, "rl": rl, "delta": delta,
+      "teacher": {key: results["teacher"][key] for key in ("source", "conversations", "dropped")
+                  if key in results.get("teacher", {})},
+      "filter": {key: results["filter"][key] for key in ("prompts", "kept", "band", "pass_rate_mean")
+                 if key in results.get("filter", {})},
+      "stages": timings, "compile_s": sum(t["compile_s"] for t in timings.values()), "plots": plots,
+  }
+  summary["wall_s"] = wall_s()
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2, sort_keys=True, default=float)
+  with open(os.path.join(workdir, "report.md"), "w") as f:
+    f.write(f"# {config.name}\n\n{table(summary)}\n\n" + "".join(f"![{p}]({p})\n" for p in plots[:1]))
+  return summary
