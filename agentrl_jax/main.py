@@ -17,6 +17,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 # job name -> module whose `run(config, workdir)` executes it
 JOBS = {
     "pipeline": "agentrl_jax.pipeline.job",
+    "ablations": "agentrl_jax.pipeline.ablations",
     "sft": "agentrl_jax.sft.trainer",
     "rl": "agentrl_jax.rl.trainer",
     "eval": "agentrl_jax.evaluation.runner",

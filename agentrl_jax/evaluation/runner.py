@@ -19,7 +19,7 @@ from flax import nnx
 import jax
 import ml_collections
 
-from agentrl_jax import data, rewards
+from agentrl_jax import data, metrics_writer, rewards
 from agentrl_jax.data.records import PromptRecord
 from agentrl_jax.evaluation import metrics as metrics_lib
 from agentrl_jax.rl import batch as batch_lib
@@ -32,8 +32,11 @@ _NO_SHAPING = jobs.OUTCOME_ONLY
 
 
 def evaluate(engine: engine_lib.RolloutEngine, params: nnx.State, records: Sequence[PromptRecord], *, n: int,
-             key: jax.Array, reward_cfg: rewards.RewardConfig, ks: Sequence[int]) -> tuple[dict, list[dict]]:
+             key: jax.Array, reward_cfg: rewards.RewardConfig, ks: Sequence[int], progress: str = "eval",
+             leave: bool = True) -> tuple[dict, list[dict]]:
   """Samples n episodes per record with the tool loop and scores them.
+
+  `progress` names the progress bar over episodes ("" = none); `leave=False` clears it when done.
 
   Returns:
     `(metrics, rows)`: metrics as `evaluation.metrics.compute_metrics` names them ('<source>/pass@k', ...) plus
@@ -43,7 +46,11 @@ def evaluate(engine: engine_lib.RolloutEngine, params: nnx.State, records: Seque
   prompts = engine.render(records)
   if not prompts.ids:
     raise ValueError("evaluate: every prompt was longer than max_prompt_len")
-  episodes, stats = engine.run(params, prompts.ids, n=n, key=key)
+  bar = metrics_writer.progress_bar(len(prompts.ids) * n, desc=progress, leave=leave, disable=not progress)
+  try:
+    episodes, stats = engine.run(params, prompts.ids, n=n, key=key, on_episode=lambda _: bar.update(1))
+  finally:
+    bar.close()
   scored = batch_lib.score_episodes(episodes, prompts.records, tokenizer=engine.tokenizer, executor=engine.executor,
                                     reward_cfg=reward_cfg, shaping_cfg=_NO_SHAPING)
   samples, rows = [], []

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 # The config blocks each stage reads (what its result depends on), besides the stages before it.
 _INPUTS = {
     "data": ("seed", "task", "data_dir"),
-    "teacher": ("teacher", "tools", "rollout.max_tool_output_chars"),
+    "teacher": ("teacher", "tools", "rollout.max_tool_output_chars", "rollout.advertise_tools"),
     "sft": ("model", "mesh", "sft", "sft_optimizer"),
     "eval_sft": ("eval", "rollout", "tools", "reward", "prompt_style"),
     "filter": ("filter", "rollout", "tools", "reward", "prompt_style"),

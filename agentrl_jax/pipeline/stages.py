@@ -89,9 +89,9 @@ def run_teacher(config: ml_collections.ConfigDict, workdir: str, results: dict) 
   """SFT conversations for the SFT split: real teacher trajectories or the stitched baseline."""
   import pandas as pd
 
+  from agentrl_jax import tools
   from agentrl_jax.rollout import engine as engine_lib
   from agentrl_jax.tasks import teacher
-  from agentrl_jax.tools import base as tools_base
 
   t = config.teacher
   out_dir = stage_dir(workdir, "teacher")
@@ -110,7 +110,7 @@ def run_teacher(config: ml_collections.ConfigDict, workdir: str, results: dict) 
   import random
 
   rng = random.Random(config.seed)
-  with tools_base.make_executor(engine_lib.tool_config(config.tools)) as executor:
+  with tools.make_executor(engine_lib.tool_config(config.tools)) as executor:
     for p in problems:
       c = teacher.conversation(p, executor, rng, p_direct=t.p_direct, p_mistake=t.p_mistake, style=t.style)
       if c is None:
@@ -119,6 +119,9 @@ def run_teacher(config: ml_collections.ConfigDict, workdir: str, results: dict) 
         convs.append(c)
       bar.update(1)
   bar.close()
+  if not config.rollout.advertise_tools:  # SFT sees the prompts exactly as the rollouts render them
+    for c in convs:
+      c["tools"] = []
   path = teacher.write_sft_parquet(os.path.join(out_dir, "trajectories.parquet"), convs)
   calls = [sum(len(m.get("tool_calls") or []) for m in c["messages"]) for c in convs]
   return {"path": path, "conversations": len(convs), "dropped": failed, "source": "real", "style": t.style,
@@ -142,7 +145,8 @@ def _stitched(config, workdir, problems, out_dir) -> dict[str, Any]:
   job.data.train_path = src
   job.stitch = ml_collections.ConfigDict(dict(
       output_mode="run", solution_field="solution", bridge="Let me compute this with code.", append_answer=True,
-      advertise_tools=True, max_tool_output_chars=config.rollout.max_tool_output_chars, limit=0,
+      advertise_tools=config.rollout.advertise_tools, max_tool_output_chars=config.rollout.max_tool_output_chars,
+      limit=0,
       output="stitched.parquet"))
   result = stitched.run(job, out_dir)
   return {"path": result.summary["output"], "conversations": result.summary["stitched"],

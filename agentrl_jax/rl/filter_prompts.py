@@ -32,6 +32,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from agentrl_jax import metrics_writer
 from agentrl_jax.data.records import PromptRecord
 
 log = logging.getLogger(__name__)
@@ -179,9 +180,10 @@ def rl_row(record: PromptRecord, pass_rate: float, k: int) -> dict[str, Any]:
           "extra_info": {**record.extra_info, "pass_rate": pass_rate, "pass_rate_k": k}, "pass_rate": pass_rate}
 
 
-def engine_sampler(job, *, k: int, reward_cfg) -> SampleFn:
+def engine_sampler(job, *, k: int, reward_cfg, on_episode=None) -> SampleFn:
   """A `SampleFn` that samples k episodes per prompt with `job.engine` (a `rollout.jobs.SamplingJob`) and
-  scores them with the outcome reward; over-long prompts come back as the reason they were skipped."""
+  scores them with the outcome reward; over-long prompts come back as the reason they were skipped.
+  `on_episode` is called as each episode finishes (progress bars)."""
   from agentrl_jax.rl import batch as batch_lib
   from agentrl_jax.rollout import jobs
 
@@ -193,7 +195,8 @@ def engine_sampler(job, *, k: int, reward_cfg) -> SampleFn:
       out[position[index]] = reason
     if not rendered.ids:
       return out
-    episodes, _ = job.engine.run(job.params, rendered.ids, n=k, key=jax.random.fold_in(job.sample_key, b))
+    episodes, _ = job.engine.run(job.params, rendered.ids, n=k, key=jax.random.fold_in(job.sample_key, b),
+                                 on_episode=on_episode)
     scored = batch_lib.score_episodes(episodes, rendered.records, tokenizer=job.tokenizer, executor=job.executor,
                                       reward_cfg=reward_cfg, shaping_cfg=jobs.OUTCOME_ONLY)
     by_group = collections.defaultdict(list)
@@ -226,14 +229,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   # ---------------------------------------------------------------------------------------------- prompts & policy
   prompts = jobs.load_prompts(config, workdir, limit=cfg.limit)
   job = jobs.sampling_job(config, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
-  sample = engine_sampler(job, k=cfg.k, reward_cfg=jobs.reward_config(config.reward))
+  bar = metrics_writer.progress_bar(len(prompts.raw) * cfg.k, desc="filter")
+  sample = engine_sampler(job, k=cfg.k, reward_cfg=jobs.reward_config(config.reward),
+                          on_episode=lambda _: bar.update(1))
   log.info("filter: %d prompts x %d samples (T=%s); keeping pass rates in %s", len(prompts.raw), cfg.k,
            cfg.temperature, band)
 
   # ---------------------------------------------------------------------------------------------- loop
   rows, entries = [], []
   by_index = {r.index: r for r in prompts.raw}
-  with job, open(report_path, "w") as report_f:
+  with job, bar, open(report_path, "w") as report_f:
     for entry in estimate(prompts.raw, prompts.styled, sample, band=band, prompts_per_batch=cfg.prompts_per_batch):
       report_f.write(json.dumps(entry) + "\n")
       report_f.flush()

@@ -133,7 +133,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   def run_eval(step):
     metrics, rows = eval_runner.evaluate(eval_engine, state.params, eval_records, n=config.eval.n,
                                          key=jax.random.fold_in(eval_key, step), reward_cfg=reward_cfg,
-                                         ks=config.eval.ks)
+                                         ks=config.eval.ks, progress="eval", leave=False)
     writer.write(step, {f"eval/{k}" if not k.startswith("eval/") else k: v for k, v in metrics.items()})
     writer.write_samples(step, [dict(r, kind="eval") for r in rows[:config.eval.samples_to_log]])
     return metrics

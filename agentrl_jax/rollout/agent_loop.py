@@ -25,7 +25,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from flax import nnx
 import jax
@@ -164,6 +164,7 @@ def run_rollout(
     cfg: RolloutConfig,
     key: jax.Array,
     scripts: Sequence[Sequence[Sequence[int]]] | None = None,
+    on_episode: Callable[[Episode], None] | None = None,
 ) -> tuple[list[Episode], RolloutStats]:
   """Runs n episodes per prompt to completion.
 
@@ -179,6 +180,7 @@ def run_rollout(
     key: PRNG key of this rollout.
     scripts: teacher forcing (tests, benchmarks): per episode (index group * n + sample), per turn, the tokens
       the model is made to emit at the start of that turn (it samples freely afterwards).
+    on_episode: called with each episode as it finishes (progress bars).
 
   Returns:
     `(episodes, stats)`: episodes ordered by (group, sample).
@@ -197,7 +199,9 @@ def run_rollout(
   rows: list[_Row | None] = [None] * b
   queue = collections.deque(range(len(prompts)))
   done: dict[int, Episode] = {}
-  pending_draws: list[tuple[list[int], object]] = []  # (slots, Draw on device): processed at the next sync
+  # (slots, rows of the draw they read, Draw on device): processed at the next sync. Rows are picked on the host
+  # after the fetch; indexing the device array would compile a gather per distinct row count.
+  pending_draws: list[tuple[list[int], list[int], object]] = []
 
   def forced_row(ep: int, turn: int) -> np.ndarray:
     out = np.full((f_len,), -1, np.int32)
@@ -225,6 +229,8 @@ def run_rollout(
         num_malformed_calls=r.n_malformed, stop_reason=reason,
         transcript=tokenizer.decode(ids.tolist(), skip_special_tokens=False), turns=r.turns)
     rows[slot] = None
+    if on_episode is not None:
+      on_episode(done[r.ep])
 
   def on_stop(slot: int, reason: int):
     """A row stopped drawing: close its turn and either finish the episode or start its tool calls."""
@@ -269,8 +275,8 @@ def run_rollout(
         r.calls.append((CallInfo(c.name, c.code, "running", ""), future))
     r.status = "waiting"
 
-  def take_draw(slots: list[int], draw):
-    for i, slot in enumerate(slots):
+  def take_draw(slots: list[int], positions: list[int], draw):
+    for i, slot in zip(positions, slots):
       r = rows[slot]
       r.add(draw.token[i], draw.logp_raw[i], draw.logp_sample[i])
       stats.generated_tokens += 1
@@ -281,10 +287,10 @@ def run_rollout(
     nonlocal pending_draws
     if pending_draws:
       t0 = time.perf_counter()
-      fetched = jax.device_get([d for _, d in pending_draws])
+      fetched = jax.device_get([d for _, _, d in pending_draws])
       stats.device_wait_s += time.perf_counter() - t0
-      for (slots, _), d in zip(pending_draws, fetched):
-        take_draw(slots, d)
+      for (slots, positions, _), d in zip(pending_draws, fetched):
+        take_draw(slots, positions, d)
       pending_draws = []
 
   def start_groups():
@@ -323,7 +329,7 @@ def run_rollout(
     state, draw = sampler.prefill_groups(n, params, state, tokens, lengths, slots, budgets, forced)
     stats.prefill_calls += 1
     stats.padded_prefill_tokens += gp * t
-    pending_draws.append((used, draw))
+    pending_draws.append((used, list(range(len(used))), draw))
 
   def resume_ready(slots: list[int]):
     """Builds tool-response chunks for rows whose calls finished, and extends their caches in one call."""
@@ -396,8 +402,7 @@ def run_rollout(
       stats.extend_calls += 1
       stats.padded_prefill_tokens += r * t
       if drew:
-        idx = np.asarray([i for i, _ in drew])
-        pending_draws.append(([s for _, s in drew], jax.tree.map(lambda x, idx=idx: x[idx], draw)))
+        pending_draws.append(([s for _, s in drew], [i for i, _ in drew], draw))
 
   def waiting_slots():
     return [i for i, r in enumerate(rows) if r is not None and r.status == "waiting"]
@@ -432,12 +437,12 @@ def run_rollout(
       ensure_capacity(max(rows[i].cache_len + seg for i in active))
       state, segment = sampler.decode(params, state, max_steps, min_stops)
       stats.decode_calls += 1
-      pending_draws.append(([], segment))
+      pending_draws.append(([], [], segment))
       t0 = time.perf_counter()
-      fetched = jax.device_get([d for _, d in pending_draws])
+      fetched = jax.device_get([d for _, _, d in pending_draws])
       stats.device_wait_s += time.perf_counter() - t0
-      for (slots, _), d in zip(pending_draws[:-1], fetched[:-1]):
-        take_draw(slots, d)
+      for (slots, positions, _), d in zip(pending_draws[:-1], fetched[:-1]):
+        take_draw(slots, positions, d)
       pending_draws = []
       segment = fetched[-1]
       stats.decode_steps = int(segment.steps)

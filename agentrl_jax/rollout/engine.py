@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from flax import nnx
 import jax
@@ -84,11 +84,13 @@ class RolloutEngine:
       log.warning("rollout: skipping prompt of row %d (%s)", index, reason)
     return out
 
-  def run(self, params: nnx.State, prompt_ids: Sequence[Sequence[int]], *, n: int,
-          key: jax.Array) -> tuple[list[Episode], agent_loop.RolloutStats]:
-    """n episodes per prompt, ordered by (prompt, sample); reads `params` directly (resharded if needed)."""
+  def run(self, params: nnx.State, prompt_ids: Sequence[Sequence[int]], *, n: int, key: jax.Array,
+          on_episode: Callable[[Episode], None] | None = None) -> tuple[list[Episode], agent_loop.RolloutStats]:
+    """n episodes per prompt, ordered by (prompt, sample); reads `params` directly (resharded if needed).
+    `on_episode` is called as each episode finishes (progress bars)."""
     return agent_loop.run_rollout(self.sampler, self.sampler.place_params(params), prompt_ids, n=n,
-                                  tokenizer=self.tokenizer, executor=self.executor, cfg=self.cfg, key=key)
+                                  tokenizer=self.tokenizer, executor=self.executor, cfg=self.cfg, key=key,
+                                  on_episode=on_episode)
 
 
 # Fields of a config's `rollout` block that are not RolloutConfig's: sampling settings and the prompt rendering.

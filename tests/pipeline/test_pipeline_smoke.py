@@ -1,0 +1,106 @@
+"""The main job's `:smoke` variant as a user runs it (`python -m agentrl_jax.main --config=configs/default.py:smoke`):
+every stage runs, a run killed during RL resumes (finished stages reused, RL from its checkpoint), the summary
+has every key, the table prints, and the held-out split never reaches SFT, the filter or RL.
+
+One module-scoped run is shared by the tests (the killed run and its resumption share a compilation cache)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STAGES = ["data", "teacher", "sft", "eval_sft", "filter", "rl", "eval_rl"]
+METRIC_KEYS = {"avg@2", "pass@2", "maj@2", "tool_calls_per_response", "tool_success_rate", "response_len_mean"}
+
+
+def _start(workdir, log):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+  env.pop("XLA_FLAGS", None)
+  return subprocess.Popen([sys.executable, "-m", "agentrl_jax.main", "--config=configs/default.py:smoke",
+                           f"--workdir={workdir}"], cwd=REPO, env=env, stdout=open(log, "w"),
+                          stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """A smoke run SIGKILLed once its RL stage has written a checkpoint, then rerun to the end."""
+  workdir = tmp_path_factory.mktemp("pipeline") / "run"
+  first = _start(workdir, workdir.parent / "first.log")
+  ckpt = workdir / "rl" / "checkpoints"
+  deadline = time.monotonic() + 240
+  while time.monotonic() < deadline and first.poll() is None:
+    if ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir()):
+      break
+    time.sleep(0.2)
+  assert first.poll() is None, open(workdir.parent / "first.log").read()[-3000:]
+  first.send_signal(signal.SIGKILL)
+  first.wait()
+  markers = {s: os.path.getmtime(workdir / s / "stage.json") for s in STAGES[:5]}
+  assert not (workdir / "rl" / "stage.json").exists()
+  second = _start(workdir, workdir.parent / "second.log")
+  assert second.wait(timeout=300) == 0, open(workdir.parent / "second.log").read()[-3000:]
+  return workdir, open(workdir.parent / "second.log").read(), markers
+
+
+def test_every_stage_ran_and_the_killed_run_resumed(run):
+  workdir, out, markers = run
+  for stage in STAGES:
+    assert (workdir / stage / "stage.json").exists(), stage
+  for stage, mtime in markers.items():  # finished stages were not redone
+    assert os.path.getmtime(workdir / stage / "stage.json") == mtime, stage
+    assert f"{stage}: " in out and "done earlier, reused" in out
+  assert "rl: GRPO-TCR with the code tool (resuming)" in out
+  log = open(workdir / "pipeline.log").read()
+  assert "rl: resumed at step" in log
+  steps = [json.loads(line)["step"] for line in open(workdir / "rl" / "metrics.jsonl")]
+  assert steps == [1, 2], steps  # the resumed trainer continued; no step was logged twice
+
+
+def test_summary_has_every_key_and_the_table_prints(run):
+  workdir, out, _ = run
+  summary = json.load(open(workdir / "summary.json"))
+  for arm in ("sft", "rl"):
+    assert set(summary[arm]) == METRIC_KEYS, summary[arm]
+    for key in ("avg@2", "pass@2", "maj@2"):
+      assert 0.0 <= summary[arm][key] <= 1.0
+    assert summary[arm]["avg@2"] <= summary[arm]["pass@2"]
+  assert set(summary["stages"]) == set(STAGES)
+  for t in summary["stages"].values():
+    assert {"wall_s", "compile_s", "compiled_programs", "cache_hits"} <= set(t)
+  assert summary["wall_s"] > 0 and summary["plots"][0] == "rl_curves.png"
+  for plot in summary["plots"]:
+    assert (workdir / plot).stat().st_size > 1000
+  assert "| avg@2 " in out and "| pass@2 (unbiased)" in out and "| total " in out
+  assert (workdir / "report.md").exists()
+  for stage in ("sft", "rl"):
+    assert any((workdir / stage / "tensorboard").iterdir())
+  # Third-party INFO logs go to the log file, not the console.
+  assert "Downloading and preparing" not in out and "orbax" not in out.lower()
+  assert "Downloading and preparing" in open(workdir / "pipeline.log").read()
+
+
+def _questions(rows):
+  return {row["prompt"][0]["content"] for row in rows}
+
+
+def test_heldout_never_reaches_sft_filter_or_rl(run):
+  workdir, _, _ = run
+  heldout = _questions(pd.read_parquet(workdir / "data" / "heldout.parquet").to_dict("records"))
+  assert len(heldout) == 8
+  sft = pd.read_parquet(workdir / "teacher" / "trajectories.parquet")
+  sft_questions = {m[0]["content"] for m in sft["messages"]}
+  assert sft_questions and not sft_questions & heldout
+  pool = _questions(pd.read_parquet(workdir / "data" / "rl.parquet").to_dict("records"))
+  filtered = _questions(pd.read_parquet(workdir / "filter" / "filtered.parquet").to_dict("records"))
+  assert filtered <= pool and not pool & heldout
+  trained = [json.loads(line)["transcript"] for line in open(workdir / "rl" / "samples.jsonl")
+             if json.loads(line).get("kind") == "train"]
+  assert trained and not any(q in t for t in trained for q in heldout)
