@@ -1,13 +1,13 @@
-"""Executor interface shared by the code tool backends: `ExecResult`, `ToolConfig`, `Executor`, `make_executor`.
+"""Executor interface shared by the code tool backends: `ExecResult`, `ToolConfig`, `Executor`, `PoolExecutor`.
 
-Two backends run model-written Python behind the same interface:
-  local           a fresh interpreter per call under bubblewrap (`tools/sandbox.py`), a bounded thread pool.
+Two backends run model-written Python behind the same interface (`tools/executors.py` picks one):
+  local           bubblewrap sandboxes (`tools/sandbox.py`), a bounded thread pool.
   sandbox_fusion  a SandboxFusion server's `/run_code` over HTTP (`tools/sandbox_fusion.py`).
 
 Callers submit code and get futures that never raise: every failure (a crash of the program, of the sandbox, of
 the server) arrives as an `ExecResult` whose `status` says what happened.
 
-    executor = make_executor(ToolConfig(backend="local", timeout_s=10))
+    executor = executors.make_executor(ToolConfig(backend="local", timeout_s=10))
     results = executor.run_batch(["print(1 + 1)", "import time; time.sleep(60)"])
     results[0].stdout == "2\\n"; results[1].status == "timeout"
     executor.close()
@@ -232,17 +232,3 @@ class PoolExecutor:
 
   def __exit__(self, *exc):
     self.close()
-
-
-def make_executor(cfg: ToolConfig) -> PoolExecutor:
-  """Builds the executor `cfg.backend` names.
-
-  Raises:
-    RuntimeError: the local backend cannot isolate programs here (no working bubblewrap) and
-      `cfg.allow_unsandboxed` is False; the message says how to fix it.
-  """
-  if cfg.backend == "sandbox_fusion":
-    from agentrl_jax.tools import sandbox_fusion  # pylint: disable=import-outside-toplevel
-    return sandbox_fusion.SandboxFusionExecutor(cfg)
-  from agentrl_jax.tools import sandbox  # pylint: disable=import-outside-toplevel
-  return sandbox.LocalExecutor(cfg)

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from agentrl_jax.tools import base, sandbox
+from agentrl_jax.tools import base, executors, sandbox
 from agentrl_jax.tools.base import ExecResult, ToolConfig
 from tests.tools.sandbox_testing import needs_bwrap, processes_in_pid_namespace
 
@@ -205,7 +205,7 @@ def test_refuses_without_bubblewrap_unless_allowed(monkeypatch):
   r = sandbox.run_python("print(1)", timeout_s=5, memory_mb=MEMORY)
   assert r.status == "sandbox_error" and "bubblewrap" in r.stderr and "apt-get install bubblewrap" in r.stderr
   with pytest.raises(RuntimeError, match="bubblewrap"):
-    base.make_executor(ToolConfig())
+    executors.make_executor(ToolConfig())
   monkeypatch.setattr(sandbox, "_warned", False)
   cfg = ToolConfig(allow_unsandboxed=True)
   with pytest.warns(RuntimeWarning, match="WITHOUT isolation"):
