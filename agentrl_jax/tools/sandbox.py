@@ -381,8 +381,9 @@ class LocalExecutor(PoolExecutor):
     self._warned_worker = False
     if cfg.local_mode == "worker":
       why = self._start_workers()
-      if why is not None:
-        logger.warning("local code executor: %s; running one sandbox per call instead", why)
+      if why is not None:  # info when expected (not root), a warning when a worker failed
+        logger.log(logging.INFO if self._plan.mode != "bwrap-root" else logging.WARNING,
+                   "local code executor: %s; running one sandbox per call instead", why)
     self.local_mode = "worker" if self._workers is not None else "per_call"
     if self._workers is None:
       problem = _probe(cfg)

@@ -74,6 +74,7 @@ class Capture:
 
 
 def memfd(name: str, data: bytes) -> int:
+  """An anonymous in-memory file holding `data`, positioned at its start (code or stdin for a program)."""
   fd = os.memfd_create(name, 0)  # no MFD_CLOEXEC: the fd is handed to bubblewrap / the child
   view = memoryview(data)
   while view:
@@ -132,6 +133,7 @@ def limits(cfg: ToolConfig) -> list[int]:
 
 
 def random_uid() -> int:
+  """A uid for one program (root mode): unprivileged, no real account's."""
   return UID_BASE + random.randrange(UID_SPAN)
 
 

@@ -214,7 +214,7 @@ def test_not_root_means_per_call(monkeypatch, caplog):
     return sandbox._Plan("bwrap-userns", plan.prefix, plan.python, plan.bwrap_options)
 
   monkeypatch.setattr(sandbox, "_plan", userns_plan)
-  with caplog.at_level(logging.WARNING, logger="agentrl_jax.tools.sandbox"):
+  with caplog.at_level(logging.INFO, logger="agentrl_jax.tools.sandbox"):
     with sandbox.LocalExecutor(ToolConfig(**CFG, max_concurrency=1)) as executor:
       assert executor.local_mode == "per_call" and executor.run("print(6)").stdout == "6\n"
   assert "worker mode needs root" in caplog.text
