@@ -363,7 +363,7 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   """The stitched builder as a job (module docstring); returns a `collect.CollectResult` (no episodes)."""
   from agentrl_jax.data import collect
   from agentrl_jax.rollout import engine as engine_lib
-  from agentrl_jax.tools import base as tools_base
+  from agentrl_jax.tools import executors as tool_executors
 
   # ---------------------------------------------------------------------------------------------- config & rows
   cfg = StitchConfig(**config.stitch)
@@ -383,7 +383,7 @@ def run(config: ml_collections.ConfigDict, workdir: str):
       return Stitched(None, NO_SOLUTION, "the row has no plain-text solution")
     return stitch(row.prompt, row.solution, answer=row.answer, cfg=cfg, executor=executor)
 
-  executor = tools_base.make_executor(engine_lib.tool_config(config.tools)) if cfg.output_mode == "run" else None
+  executor = tool_executors.make_executor(engine_lib.tool_config(config.tools)) if cfg.output_mode == "run" else None
   try:  # rows in parallel: each waits on its sandbox run
     with concurrent.futures.ThreadPoolExecutor(max_workers=executor.max_concurrency if executor else 1) as pool:
       results = list(pool.map(one, rows_in))

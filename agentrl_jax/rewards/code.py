@@ -17,7 +17,8 @@ import threading
 
 from agentrl_jax.rewards.base import RewardResult
 from agentrl_jax.tools import testcases
-from agentrl_jax.tools.base import Executor, ToolConfig, make_executor
+from agentrl_jax.tools.base import Executor, ToolConfig
+from agentrl_jax.tools.executors import make_executor
 
 logger = logging.getLogger(__name__)
 _BLOCK_RE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)

@@ -40,7 +40,7 @@ from agentrl_jax.rollout import engine as engine_lib
 from agentrl_jax.rollout import jobs
 from agentrl_jax.rollout.episode import collate
 from agentrl_jax.tasks import tokenizer as embedded_tokenizer
-from agentrl_jax.tools import base as tools_base
+from agentrl_jax.tools import executors as tool_executors
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   logprobs = update_lib.make_logprobs_fn(graphdef, shardings.params, mesh, micro_batch_size=rl.micro_batch_size,
                                          temperature=config.rollout.temperature,
                                          logits_chunk_size=rl.logits_chunk_size or None)
-  executor = tools_base.make_executor(engine_lib.tool_config(config.tools))
+  executor = tool_executors.make_executor(engine_lib.tool_config(config.tools))
   engine = engine_lib.RolloutEngine.create(
       graphdef, model_cfg, tokenizer, executor, rollout_cfg, temperature=config.rollout.temperature,
       top_p=config.rollout.top_p, top_k=config.rollout.top_k, advertise_tools=config.rollout.advertise_tools,

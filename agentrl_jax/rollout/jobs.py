@@ -29,6 +29,7 @@ from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rollout import engine as engine_lib
 from agentrl_jax.tasks import tokenizer as embedded_tokenizer
 from agentrl_jax.tools import base as tools_base
+from agentrl_jax.tools import executors as tool_executors
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def sampling_job(config: ml_collections.ConfigDict, *, temperature: float, top_p
   mesh = sharding_lib.mesh_from_config(config.mesh)
   tokenizer, model = loading.load_policy(embedded_tokenizer.fill_model_block(config.model), mesh, init_key)
   graphdef, params = nnx.split(model)
-  executor = tools_base.make_executor(engine_lib.tool_config(config.tools))
+  executor = tool_executors.make_executor(engine_lib.tool_config(config.tools))
   try:
     greedy = temperature == 0
     engine = engine_lib.RolloutEngine.create(

@@ -1,13 +1,13 @@
-"""Executor interface shared by the code tool backends: `ExecResult`, `ToolConfig`, `Executor`, `make_executor`.
+"""Executor interface shared by the code tool backends: `ExecResult`, `ToolConfig`, `Executor`, `PoolExecutor`.
 
-Two backends run model-written Python behind the same interface:
-  local           a fresh interpreter per call under bubblewrap (`tools/sandbox.py`), a bounded thread pool.
+Two backends run model-written Python behind the same interface (`tools/executors.py` picks one):
+  local           bubblewrap sandboxes (`tools/sandbox.py`), a bounded thread pool.
   sandbox_fusion  a SandboxFusion server's `/run_code` over HTTP (`tools/sandbox_fusion.py`).
 
 Callers submit code and get futures that never raise: every failure (a crash of the program, of the sandbox, of
 the server) arrives as an `ExecResult` whose `status` says what happened.
 
-    executor = make_executor(ToolConfig(backend="local", timeout_s=10))
+    executor = executors.make_executor(ToolConfig(backend="local", timeout_s=10))
     results = executor.run_batch(["print(1 + 1)", "import time; time.sleep(60)"])
     results[0].stdout == "2\\n"; results[1].status == "timeout"
     executor.close()
@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 _MEMORY_RE = re.compile(r"MemoryError|Cannot allocate memory|std::bad_alloc|out of memory", re.IGNORECASE)
 STATUSES = ("ok", "error", "timeout", "memory", "killed", "sandbox_error")
 BACKENDS = ("local", "sandbox_fusion")
+LOCAL_MODES = ("worker", "per_call")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,8 @@ class ToolConfig:
     max_concurrency: programs running at once; None = number of CPU cores (local) or 32 (SandboxFusion).
     allow_unsandboxed: local backend only: when bubblewrap is missing, run programs without isolation (rlimits
       and a private temp dir only) instead of refusing. Never use this on a machine holding anything of value.
+    local_mode: local backend only: 'worker' (one long-lived sandbox per slot forks each program; needs root,
+      else falls back with a log line) or 'per_call' (a new bubblewrap sandbox and interpreter per program).
     sandbox_fusion_url: full `/run_code` URL of a SandboxFusion server, e.g. 'http://localhost:8080/run_code'.
     max_output_bytes: bytes kept per stream (head and tail; the middle is dropped while reading).
     output_limit_bytes: a program writing more than this (both streams together) is killed.
@@ -91,6 +94,7 @@ class ToolConfig:
   memory_mb: int = 1024
   max_concurrency: int | None = None
   allow_unsandboxed: bool = False
+  local_mode: str = "worker"
   sandbox_fusion_url: str = ""
   max_output_bytes: int = 64 * 1024
   output_limit_bytes: int = 16 * 1024 * 1024
@@ -105,6 +109,8 @@ class ToolConfig:
   def __post_init__(self):
     if self.backend not in BACKENDS:
       raise ValueError(f"ToolConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
+    if self.local_mode not in LOCAL_MODES:
+      raise ValueError(f"ToolConfig.local_mode must be one of {LOCAL_MODES}, got {self.local_mode!r}")
     if not self.timeout_s > 0:
       raise ValueError(f"ToolConfig.timeout_s must be > 0, got {self.timeout_s!r}")
     if self.memory_mb < 64:
@@ -194,10 +200,10 @@ class PoolExecutor:
     self._lock = threading.Lock()
     self.max_concurrency = max_concurrency
 
-  def _guarded(self, code: str, stdin: str) -> ExecResult:
+  def _guarded(self, code: str, stdin: str, *extra) -> ExecResult:
     # A bug in a backend must not turn into an exception inside the caller's rollout loop.
     try:
-      return self._run_one(code, stdin)
+      return self._run_one(code, stdin, *extra)
     except Exception as e:  # pylint: disable=broad-except
       logger.exception("executor backend failed")
       return ExecResult("sandbox_error", stderr=f"[sandbox] internal error: {type(e).__name__}: {e}")
@@ -232,17 +238,3 @@ class PoolExecutor:
 
   def __exit__(self, *exc):
     self.close()
-
-
-def make_executor(cfg: ToolConfig) -> PoolExecutor:
-  """Builds the executor `cfg.backend` names.
-
-  Raises:
-    RuntimeError: the local backend cannot isolate programs here (no working bubblewrap) and
-      `cfg.allow_unsandboxed` is False; the message says how to fix it.
-  """
-  if cfg.backend == "sandbox_fusion":
-    from agentrl_jax.tools import sandbox_fusion  # pylint: disable=import-outside-toplevel
-    return sandbox_fusion.SandboxFusionExecutor(cfg)
-  from agentrl_jax.tools import sandbox  # pylint: disable=import-outside-toplevel
-  return sandbox.LocalExecutor(cfg)

@@ -7,8 +7,8 @@ Contract (sandbox/server/sandbox_api.py of SandboxFusion):
              run_result: {status: 'Finished' | 'TimeLimitExceeded' | 'Error', return_code, stdout, stderr,
                           execution_time}, compile_result, files}
 
-    executor = make_executor(ToolConfig(backend="sandbox_fusion",
-                                        sandbox_fusion_url="http://localhost:8080/run_code"))
+    executor = executors.make_executor(ToolConfig(backend="sandbox_fusion",
+                                                  sandbox_fusion_url="http://localhost:8080/run_code"))
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import pytest
 from agentrl_jax import testing
 from agentrl_jax.tasks import arithmetic, teacher
 from agentrl_jax.tools import base as tools_base
+from agentrl_jax.tools import executors as tool_executors
 
 pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,7 +27,7 @@ def main(flags, workdir, log_path):
 
 def test_collect_filter_and_stitch_commands(tmp_path):
   problems = arithmetic.make_problems(6, levels=(2,), seed=11)
-  with tools_base.make_executor(tools_base.ToolConfig(timeout_s=10)) as executor:
+  with tool_executors.make_executor(tools_base.ToolConfig(timeout_s=10)) as executor:
     convs = teacher.conversations(problems[:4], executor, seed=0, p_mistake=0.0)
   for c in convs:
     c["tools"] = []

@@ -24,6 +24,7 @@ from agentrl_jax.sft import masking
 from agentrl_jax.sft import trainer as sft_trainer
 from agentrl_jax.tasks import arithmetic, teacher
 from agentrl_jax.tools import base as tools_base
+from agentrl_jax.tools import executors as tool_executors
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
 
@@ -45,7 +46,7 @@ def toy_policy(tmp_path_factory) -> ToyPolicy:
   root = tmp_path_factory.mktemp("toy_policy")
   problems = arithmetic.make_problems(6, levels=(2,), seed=11)
   learned, unseen = problems[:4], problems[4:]
-  with tools_base.make_executor(tools_base.ToolConfig(timeout_s=10)) as executor:
+  with tool_executors.make_executor(tools_base.ToolConfig(timeout_s=10)) as executor:
     convs = teacher.conversations(learned, executor, seed=0, p_mistake=0.0)
   assert len(convs) == 4
   for c in convs:

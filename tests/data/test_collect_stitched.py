@@ -11,12 +11,12 @@ import pytest
 from agentrl_jax import data, testing
 from agentrl_jax.data import collect, stitched
 from agentrl_jax.sft import masking
-from agentrl_jax.tools import base
+from agentrl_jax.tools import base, executors
 
 
 @pytest.fixture(scope="module")
 def executor():
-  ex = base.make_executor(base.ToolConfig(timeout_s=10))
+  ex = executors.make_executor(base.ToolConfig(timeout_s=10))
   yield ex
   ex.close()
 

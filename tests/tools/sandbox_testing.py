@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 
 import pytest
 
@@ -14,16 +15,31 @@ needs_bwrap = pytest.mark.skipif(sandbox.bwrap_path() is None,
                                  reason="bubblewrap is not installed (launch/setup.sh installs it when root)")
 
 
-def processes_in_pid_namespace(inode: int) -> list[int]:
-  """Host pids of the processes living in the pid namespace with this inode."""
+def processes_in_pid_namespace(inode: int, started_before: float | None = None) -> list[int]:
+  """Host pids of the processes living in the pid namespace with this inode.
+
+  The kernel reuses namespace inodes once a namespace is gone (other sandboxes on a shared machine get them), so
+  with `started_before` (seconds since boot, `boot_time()` right after the call) only processes that started
+  before then count: a leftover of the call did.
+  """
+  ticks = os.sysconf("SC_CLK_TCK")
   pids = []
   for path in glob.glob("/proc/[0-9]*"):
     try:
-      if os.stat(os.path.join(path, "ns", "pid")).st_ino == inode:
-        pids.append(int(os.path.basename(path)))
-    except OSError:
-      pass
+      if os.stat(os.path.join(path, "ns", "pid")).st_ino != inode:
+        continue
+      with open(os.path.join(path, "stat")) as f:
+        start = int(f.read().rsplit(")", 1)[1].split()[19]) / ticks
+    except (OSError, ValueError, IndexError):
+      continue
+    if started_before is None or start <= started_before:
+      pids.append(int(os.path.basename(path)))
   return pids
+
+
+def boot_time() -> float:
+  """Seconds since boot, the clock of /proc/PID/stat's start time."""
+  return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 def local_pool(concurrency: int = 2, **cfg) -> sandbox.LocalExecutor:
@@ -32,3 +48,19 @@ def local_pool(concurrency: int = 2, **cfg) -> sandbox.LocalExecutor:
     pytest.skip("bubblewrap is not installed")
   return sandbox.LocalExecutor(ToolConfig(**{"timeout_s": 10.0, "memory_mb": 512, **cfg},
                                           max_concurrency=concurrency))
+
+
+def bwrap_children() -> list[int]:
+  """Our child processes (running or zombie) that are bubblewrap."""
+  out = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+      with open(f"/proc/{pid}/comm") as f:
+        comm = f.read().strip()
+    except OSError:
+      continue
+    if int(fields[1]) == os.getpid() and comm == "bwrap":
+      out.append(int(pid))
+  return out

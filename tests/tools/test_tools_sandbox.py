@@ -1,5 +1,5 @@
-"""The bubblewrap sandbox: normal programs, hostile programs (contained, nothing left behind), concurrency,
-the refusal to run without bubblewrap, and the executor pool contract."""
+"""The local sandbox in both modes (per call; worker): normal programs, hostile programs (contained, nothing
+left behind), concurrency, the refusal to run without bubblewrap, and the executor pool contract."""
 
 from __future__ import annotations
 
@@ -11,33 +11,59 @@ import uuid
 
 import pytest
 
-from agentrl_jax.tools import base, sandbox
+from agentrl_jax.tools import base, executors, sandbox, sandbox_worker
 from agentrl_jax.tools.base import ExecResult, ToolConfig
-from tests.tools.sandbox_testing import needs_bwrap, processes_in_pid_namespace
+from tests.tools.sandbox_testing import boot_time, bwrap_children, needs_bwrap, processes_in_pid_namespace
 
 TIMEOUT = 2.0
 MEMORY = 256
+MODES = ("per_call", "worker")
 
 
-def run(code: str, stdin: str = "", **cfg) -> tuple[ExecResult, dict, float]:
-  """Runs code; returns the result, bubblewrap's start record and the caller-side wall time."""
-  record: dict = {}
-  start = time.monotonic()
-  result = sandbox.run_python(code, timeout_s=TIMEOUT, memory_mb=MEMORY, stdin=stdin, cfg=ToolConfig(**cfg),
-                              on_start=record.update)
-  return result, record, time.monotonic() - start
+@pytest.fixture(scope="module")
+def executor_for():
+  """`executor_for(mode)`: a 2-slot executor in that mode with this file's limits, made once per module."""
+  made: dict[str, sandbox.LocalExecutor] = {}
+
+  def get(mode: str) -> sandbox.LocalExecutor:
+    if sandbox.bwrap_path() is None:
+      pytest.skip("bubblewrap is not installed")
+    if mode not in made:
+      made[mode] = sandbox.LocalExecutor(ToolConfig(timeout_s=TIMEOUT, memory_mb=MEMORY, max_concurrency=2,
+                                                    local_mode=mode))
+    if made[mode].local_mode != mode:
+      pytest.skip(f"{mode} mode is not available here (worker mode needs root)")
+    return made[mode]
+
+  yield get
+  for executor in made.values():
+    executor.close()
+
+
+@pytest.fixture(params=MODES)
+def run(request, executor_for):
+  """`run(code, stdin='') -> (result, start record, caller-side wall seconds)` in each mode."""
+  executor = executor_for(request.param)
+
+  def run_one(code: str, stdin: str = "") -> tuple[ExecResult, dict, float]:
+    record: dict = {}
+    start = time.monotonic()
+    result = executor.run(code, stdin=stdin, on_start=record.update)
+    record["ended"] = boot_time()
+    return result, record, time.monotonic() - start
+
+  return run_one
 
 
 def assert_nothing_left(record: dict) -> None:
   assert "pid-namespace" in record, record
-  assert processes_in_pid_namespace(record["pid-namespace"]) == []
+  assert processes_in_pid_namespace(record["pid-namespace"], record["ended"]) == []
 
 
 # ------------------------------------------------------------------------------------------ normal programs
 
 
-@needs_bwrap
-def test_ok_error_stdin_and_traceback():
+def test_ok_error_stdin_and_traceback(run):
   r, rec, _ = run("import sys\nname = sys.stdin.read().strip()\nprint(f'hello {name}')", stdin="world\n")
   assert (r.status, r.stdout, r.exit_code) == ("ok", "hello world\n", 0)
   r, rec, _ = run("x = 1\ny = 0\nprint(x / y)")
@@ -50,8 +76,7 @@ def test_ok_error_stdin_and_traceback():
   assert_nothing_left(rec)
 
 
-@needs_bwrap
-def test_scientific_stack_and_isolated_view():
+def test_scientific_stack_and_isolated_view(run):
   code = ("import numpy, sympy, os\n"
           "print(numpy.arange(4).sum(), sympy.factorint(360))\n"
           "print(os.getcwd(), sorted(os.listdir('/')))\n"
@@ -90,9 +115,8 @@ HOSTILE = {
 }
 
 
-@needs_bwrap
 @pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_hostile_program_is_contained(name):
+def test_hostile_program_is_contained(run, name):
   code, statuses = HOSTILE[name]
   r, rec, wall = run(code)
   assert r.status in statuses, (r.status, r.stdout[-300:], r.stderr[-500:])
@@ -111,8 +135,7 @@ def test_hostile_program_is_contained(name):
     assert "MemoryError" in r.stderr
 
 
-@needs_bwrap
-def test_no_host_files_written_and_no_leftover_files():
+def test_no_host_files_written_and_no_leftover_files(run):
   marker = f"agentrl_hostile_{uuid.uuid4().hex}"
   code = (f"import os\nopen('/tmp/{marker}', 'w').write('x')\nopen('{marker}', 'w').write('y')\n"
           f"print(sorted(os.listdir('/tmp')))\n"
@@ -129,8 +152,7 @@ def test_no_host_files_written_and_no_leftover_files():
   assert_nothing_left(rec)
 
 
-@needs_bwrap
-def test_no_connection_to_host_loopback():
+def test_no_connection_to_host_loopback(run):
   server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
   server.bind(("127.0.0.1", 0))
   server.listen(1)
@@ -149,8 +171,7 @@ def test_no_connection_to_host_loopback():
   assert_nothing_left(rec)
 
 
-@needs_bwrap
-def test_caller_environment_is_not_readable(monkeypatch):
+def test_caller_environment_is_not_readable(run, monkeypatch):
   secret = f"agentrl-secret-{uuid.uuid4().hex}"
   monkeypatch.setenv("AGENTRL_TEST_SECRET", secret)
   code = (f"import os, glob\nhits = [k for k, v in os.environ.items() if {secret!r} in v]\n"
@@ -168,9 +189,11 @@ def test_caller_environment_is_not_readable(monkeypatch):
 
 
 @needs_bwrap
-def test_32_concurrent_calls_have_correct_outputs():
+@pytest.mark.parametrize("mode, concurrency", [("per_call", 32), ("worker", 4)])
+def test_32_concurrent_calls_have_correct_outputs(mode, concurrency):
   codes = [f"import time\ntime.sleep(0.05)\nprint({i} * {i}, 'x' * {i % 7})" for i in range(32)]
-  with sandbox.LocalExecutor(ToolConfig(timeout_s=20.0, memory_mb=MEMORY, max_concurrency=32)) as executor:
+  with sandbox.LocalExecutor(ToolConfig(timeout_s=20.0, memory_mb=MEMORY, max_concurrency=concurrency,
+                                        local_mode=mode)) as executor:
     results = executor.run_batch(codes)
   assert [r.status for r in results] == ["ok"] * 32
   assert [r.stdout for r in results] == [f"{i * i} {'x' * (i % 7)}\n" for i in range(32)]
@@ -205,7 +228,7 @@ def test_refuses_without_bubblewrap_unless_allowed(monkeypatch):
   r = sandbox.run_python("print(1)", timeout_s=5, memory_mb=MEMORY)
   assert r.status == "sandbox_error" and "bubblewrap" in r.stderr and "apt-get install bubblewrap" in r.stderr
   with pytest.raises(RuntimeError, match="bubblewrap"):
-    base.make_executor(ToolConfig())
+    executors.make_executor(ToolConfig())
   monkeypatch.setattr(sandbox, "_warned", False)
   cfg = ToolConfig(allow_unsandboxed=True)
   with pytest.warns(RuntimeWarning, match="WITHOUT isolation"):
@@ -220,12 +243,12 @@ def test_refuses_without_bubblewrap_unless_allowed(monkeypatch):
 
 
 def test_capture_keeps_head_and_tail_within_cap():
-  cap = sandbox._Capture(10)
+  cap = sandbox_worker.Capture(10)
   for chunk in (b"0123", b"4567", b"89ab", b"cdef"):
     cap.add(chunk)
   assert cap.total == 16
   assert cap.text() == "01234\n[... 6 bytes omitted ...]\nbcdef"
-  small = sandbox._Capture(10)
+  small = sandbox_worker.Capture(10)
   small.add(b"abc")
   assert small.text() == "abc"
 
@@ -233,7 +256,7 @@ def test_capture_keeps_head_and_tail_within_cap():
 @pytest.mark.parametrize("field, value", [
     ("backend", "docker"), ("timeout_s", 0), ("memory_mb", 8), ("max_concurrency", 0), ("max_output_bytes", 10),
     ("output_limit_bytes", 300), ("max_processes", 0), ("max_open_files", 3), ("retries", -1),
-    ("request_timeout_s", 0.0),
+    ("request_timeout_s", 0.0), ("local_mode", "fork"),
 ])
 def test_tool_config_rejects_bad_values_naming_the_field(field, value):
   with pytest.raises(ValueError, match=field):
@@ -252,28 +275,13 @@ def test_exec_result_and_exit_classification():
   assert base.classify_exit(None, "")[0] == "sandbox_error"
 
 
-@needs_bwrap
-def test_calls_leak_no_file_descriptors_or_children(pool):
-  pool.run_batch(["print(1)"])  # warm up lazily created state
-  before = len(os.listdir("/proc/self/fd"))
-  results = pool.run_batch(["print(1)", "raise SystemExit(2)", "import sys; sys.stdout.write('x' * 100000)",
-                            "print(input())"] * 5, ["", "", "", "hi"] * 5)
+@pytest.mark.parametrize("mode", MODES)
+def test_calls_leak_no_file_descriptors_or_children(executor_for, mode):
+  executor = executor_for(mode)
+  executor.run_batch(["import time; time.sleep(0.3)"] * 2)  # warm up lazily created state (both workers)
+  before, bwraps = len(os.listdir("/proc/self/fd")), sorted(bwrap_children())
+  results = executor.run_batch(["print(1)", "raise SystemExit(2)", "import sys; sys.stdout.write('x' * 100000)",
+                                "print(input())"] * 5, ["", "", "", "hi"] * 5)
   assert [r.status for r in results[:4]] == ["ok", "error", "ok", "ok"]
   assert len(os.listdir("/proc/self/fd")) == before
-  assert bwrap_children() == []  # every bubblewrap process was reaped
-
-
-def bwrap_children() -> list[int]:
-  """Our child processes (running or zombie) that are bubblewrap."""
-  out = []
-  for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-      with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-      with open(f"/proc/{pid}/comm") as f:
-        comm = f.read().strip()
-    except OSError:
-      continue
-    if int(fields[1]) == os.getpid() and comm == "bwrap":
-      out.append(int(pid))
-  return out
+  assert sorted(bwrap_children()) == bwraps  # every per-call bubblewrap was reaped; workers are the same ones

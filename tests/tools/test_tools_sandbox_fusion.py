@@ -15,7 +15,7 @@ import time
 import pytest
 
 from agentrl_jax import rewards
-from agentrl_jax.tools import base, sandbox, sandbox_fusion
+from agentrl_jax.tools import executors, sandbox, sandbox_fusion
 from agentrl_jax.tools.base import ToolConfig
 from tests.tools.sandbox_testing import needs_bwrap
 
@@ -103,7 +103,7 @@ def fusion_cfg(url: str, **kw) -> ToolConfig:
 def test_same_results_as_the_local_backend(server):
   programs = [("print(input()[::-1])", "abc"), ("raise ValueError('bad')", ""), ("while True:\n  pass", ""),
               ("x = bytearray(4 * 1024 ** 3)", ""), ("import ctypes\nctypes.string_at(0)", "")]
-  with base.make_executor(fusion_cfg(server.url)) as executor:
+  with executors.make_executor(fusion_cfg(server.url)) as executor:
     assert isinstance(executor, sandbox_fusion.SandboxFusionExecutor)
     results = executor.run_batch([p for p, _ in programs], [s for _, s in programs])
   assert [r.status for r in results] == ["ok", "error", "timeout", "memory", "killed"]
@@ -160,7 +160,7 @@ def test_maps_malformed_and_error_responses():
 @needs_bwrap
 def test_code_reward_through_sandbox_fusion(server):
   tests = {"inputs": ["3\n", "10\n"], "outputs": ["6\n", "20\n"]}
-  with base.make_executor(fusion_cfg(server.url)) as executor:
+  with executors.make_executor(fusion_cfg(server.url)) as executor:
     good = rewards.compute_score("livecodebench", "```python\nprint(int(input()) * 2)\n```", tests, executor=executor)
     half = rewards.compute_score("livecodebench", "```python\nn = int(input())\nprint(6 if n == 3 else 0)\n```",
                                  tests, executor=executor)

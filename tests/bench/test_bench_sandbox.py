@@ -1,0 +1,19 @@
+"""Smoke test of `python -m agentrl_jax.bench.sandbox` at a tiny size (the real run is 64-call batches)."""
+
+import json
+
+from agentrl_jax.bench import sandbox as bench_sandbox
+from tests.tools.sandbox_testing import needs_bwrap
+
+
+@needs_bwrap
+def test_bench_sandbox_prints_one_json_line(capsys):
+  bench_sandbox.main(["--calls", "4", "--serial", "2", "--rounds", "1", "--concurrency", "2"])
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert len(lines) == 1
+  out = json.loads(lines[0])
+  assert out["bench"] == "sandbox" and out["calls"] == 4
+  for mode in ("per_call", "worker"):
+    assert 0 < out[mode]["serial_ms_min"] <= out[mode]["serial_ms_median"]
+    assert out[mode]["batch_calls_s"] > 0
+  assert out["serial_speedup"] > 0 and out["batch_speedup"] > 0 and out["worker_start_s"] > 0

@@ -1,0 +1,266 @@
+"""Worker mode of the local sandbox: programs see what they see per call, calls stay apart though they share a
+worker, and a worker that dies or hangs is replaced; plus the fallback to per-call mode."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agentrl_jax import tools
+from agentrl_jax.tools import executors, sandbox, sandbox_worker
+from agentrl_jax.tools.base import ToolConfig
+from tests.tools.sandbox_testing import boot_time, bwrap_children, needs_bwrap, processes_in_pid_namespace
+
+pytestmark = needs_bwrap
+
+CFG = {"timeout_s": 5.0, "memory_mb": 512}
+
+
+def worker_executor(**cfg) -> sandbox.LocalExecutor:
+  executor = sandbox.LocalExecutor(ToolConfig(**{**CFG, "max_concurrency": 1, **cfg}))
+  if executor.local_mode != "worker":
+    executor.close()
+    pytest.skip("worker mode is not available here (needs root)")
+  return executor
+
+
+@pytest.fixture(scope="module")
+def pair():
+  """(per-call executor, single-slot worker executor), same limits."""
+  per_call = sandbox.LocalExecutor(ToolConfig(**CFG, max_concurrency=1, local_mode="per_call"))
+  worker = worker_executor()
+  yield per_call, worker
+  per_call.close()
+  worker.close()
+
+
+@pytest.fixture
+def one():
+  executor = worker_executor()
+  yield executor
+  executor.close()
+
+
+# What a program can see of how it was started: equal in both modes (addresses and random uids aside).
+SAME_PROGRAMS = {
+    "print": "print('hi', 6 * 7)",
+    "exception": "def f(x):\n  return 1 / x\n\nf(0)",
+    "chained": "try:\n  {}['k']\nexcept KeyError as e:\n  raise ValueError('bad') from e",
+    "syntax_error": "def f(:\n  pass",
+    "unclosed": "x = (1,\n",
+    "null_byte": "print(1)\x00",
+    "lone_surrogate": "print('\udc80')",
+    "exit_3": "import sys\nsys.exit(3)",
+    "exit_message": "raise SystemExit('bye')",
+    "keyboard_interrupt": "raise KeyboardInterrupt",
+    "stdin": "import sys\nprint(repr(sys.stdin.read()))\nprint(input())",
+    "tmp_files": "open('/tmp/a', 'w').write('x')\nimport os\nprint(sorted(os.listdir('/tmp')), os.getcwd(), "
+                 "oct(os.stat('/tmp/main.py').st_mode), os.stat('/tmp/main.py').st_uid)",
+    "numpy": "import numpy as np\nprint(np.arange(10).sum())",
+    "atexit_and_thread": "import atexit, threading, time\natexit.register(print, 'atexit')\n"
+                         "threading.Thread(target=lambda: (time.sleep(0.1), print('thread'))).start()\nprint('main')",
+    "closed_stdout": "import os\nprint('a')\nos.close(1)\nprint('b')",
+    "recursion_depth": "import sys\ndef f(n):\n  try:\n    return f(n + 1)\n  except RecursionError:\n    return n\n"
+                       "print(f(0), sys.getrecursionlimit())",
+    "no_caller_frame": "import sys, traceback\ntraceback.print_stack()\nprint(sys._getframe().f_back)",
+    "interpreter_state": "import sys, os\nprint(sys.argv, sys.orig_argv, sys.flags, sys.path, sorted(sys.modules))\n"
+                         "print(open('/proc/self/cmdline', 'rb').read(), sorted(os.listdir('/proc/self/fd')))\n"
+                         "print(sorted(globals()), __file__, __loader__.path, hasattr(sys, 'last_type'))\n"
+                         "print(sys.excepthook is sys.__excepthook__, sorted(os.environ), os.getpid(), os.getppid())",
+    "signals_and_limits": "import signal, resource\nprint([signal.getsignal(s) for s in signal.valid_signals()])\n"
+                          "print(signal.pthread_sigmask(signal.SIG_BLOCK, []))\n"
+                          "print([resource.getrlimit(r) for r in range(16)])",
+    "subprocess_and_ctypes": "import subprocess, sys, ctypes\n"
+                             "print(subprocess.run([sys.executable, '-c', 'print(42)'], capture_output=True).stdout)\n"
+                             "print(ctypes.CDLL(None).getpid())",
+    "segfault": "import ctypes\nctypes.string_at(0)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAME_PROGRAMS))
+def test_program_sees_the_same_in_both_modes(pair, name):
+  per_call, worker = pair
+  a = per_call.run(SAME_PROGRAMS[name], stdin="line 1\nline 2\n")
+  b = worker.run(SAME_PROGRAMS[name], stdin="line 1\nline 2\n")
+  assert (b.status, b.exit_code, b.stdout, b.stderr) == (a.status, a.exit_code, a.stdout, a.stderr)
+  if name == "exception":  # tracebacks as the interpreter prints them, no zygote frame
+    assert b.stderr.splitlines()[1:] == ['  File "/tmp/main.py", line 4, in <module>', "    f(0)",
+                                         '  File "/tmp/main.py", line 2, in f', "    return 1 / x",
+                                         "           ~~^~~", "ZeroDivisionError: division by zero"]
+
+
+def test_calls_on_one_worker_leave_nothing_to_the_next(one):
+  zygotes = one.zygote_pids()
+  daemon = ("import os, time\nopen('/tmp/left', 'w').write('x')\nopen('/dev/shm/left', 'w').write('x')\n"
+            "if os.fork() == 0:\n  os.setsid()\n  if os.fork() == 0:\n    time.sleep(60)\n  os._exit(0)\n"
+            "print('spawned')")
+  record: dict = {}
+  r = one.run(daemon, on_start=record.update)
+  assert r.status == "ok" and r.stdout == "spawned\n", r
+  assert processes_in_pid_namespace(record["pid-namespace"], boot_time()) == []  # the daemon died with its pid 1
+  look = ("import os\nprint(sorted(os.listdir('/tmp')), sorted(os.listdir('/dev/shm')))\n"
+          "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
+  r = one.run(look)
+  assert r.stdout == "['main.py'] []\n[1]\n", r
+  assert one.zygote_pids() == zygotes  # all on the same worker
+
+
+def test_each_call_is_pid_1_alone_with_its_own_uid_and_no_capabilities(one):
+  code = ("import os, subprocess, sys\nchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(5)'])\n"
+          "print(os.getpid(), os.getuid(), os.getgid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) "
+          "== sorted([1, child.pid]))\n"
+          "print(sorted(line.split()[1] for line in open('/proc/self/status') if line.startswith(('Cap', 'NoNew'))))")
+  uids = set()
+  for _ in range(4):
+    r = one.run(code)
+    assert r.status == "ok", r
+    pid, uid, gid, alone = r.stdout.split("\n")[0].split()
+    assert (pid, uid, alone) == ("1", gid, "True")
+    uids.add(int(uid))
+    assert r.stdout.split("\n")[1] == str(["0000000000000000"] * 5 + ["1"])  # Cap{Amb,Bnd,Eff,Inh,Prm}, NoNewPrivs
+  assert len(uids) == 4 and all(sandbox_worker.UID_BASE <= u < sandbox_worker.UID_BASE + sandbox_worker.UID_SPAN
+                                for u in uids)
+
+
+def test_ipc_objects_do_not_survive_a_call(one):
+  make = "import ctypes\nprint(ctypes.CDLL(None).shmget(0x5A5A, 4096, 0o1666) >= 0)"  # IPC_CREAT
+  find = "import ctypes\nprint(ctypes.CDLL(None).shmget(0x5A5A, 4096, 0o666) >= 0)"
+  assert one.run(make + "\n" + find.split("\n")[1]).stdout == "True\nTrue\n"
+  assert one.run(find).stdout == "False\n"  # a fresh ipc namespace per call: the segment is gone
+
+
+def worker_bwraps(executor: sandbox.LocalExecutor) -> list[int]:
+  """Pids of the bubblewrap processes of the executor's idle workers."""
+  return sorted(w.proc.pid for w in executor._workers._idle)  # pylint: disable=protected-access
+
+
+def test_killed_zygote_is_replaced_and_the_call_retried(one):
+  assert one.run("print(1)").ok
+  (zygote,), (bwrap,) = one.zygote_pids(), worker_bwraps(one)
+  os.kill(zygote, signal.SIGKILL)
+  time.sleep(0.2)
+  r = one.run("print(2)")
+  assert (r.status, r.stdout) == ("ok", "2\n"), r
+  assert one.zygote_pids() != [zygote]
+  assert bwrap not in bwrap_children()  # the dead worker's bubblewrap was reaped
+
+
+def test_hung_zygote_is_detected_and_replaced(monkeypatch):
+  monkeypatch.setattr(sandbox_worker, "_KILL_GRACE_S", 0.5)
+  with worker_executor(timeout_s=1.5) as executor:
+    assert executor.run("print(1)").ok
+    (zygote,), (bwrap,) = executor.zygote_pids(), worker_bwraps(executor)
+    os.kill(zygote, signal.SIGSTOP)
+    start = time.monotonic()
+    r = executor.run("print(2)")
+    assert r.status == "sandbox_error" and "did not start the program" in r.stderr, r
+    assert time.monotonic() - start < 1.5 + 3.0
+    assert not os.path.exists(f"/proc/{zygote}") and bwrap not in bwrap_children()  # killed, not left stopped
+    assert executor.run("print(3)").stdout == "3\n"
+
+
+def test_timeout_kill_leaves_the_worker_usable():
+  code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('x', flush=True)\ntime.sleep(60)"
+  executor = worker_executor(timeout_s=1.0)
+  try:
+    record: dict = {}
+    r = executor.run(code, on_start=record.update)
+    assert (r.status, r.stdout) == ("timeout", "x\n") and "wall-clock limit" in r.stderr, r
+    assert processes_in_pid_namespace(record["pid-namespace"], boot_time()) == []
+    zygotes = executor.zygote_pids()
+    assert executor.run("print(1)").ok and executor.zygote_pids() == zygotes  # the same worker, still healthy
+  finally:
+    executor.close()
+
+
+def test_two_slots_run_concurrently_and_close_leaves_no_process():
+  executor = worker_executor(max_concurrency=2)
+  start = time.monotonic()
+  results = executor.run_batch([f"import time\ntime.sleep(0.4)\nprint({i})" for i in range(6)])
+  wall = time.monotonic() - start
+  assert [r.stdout for r in results] == [f"{i}\n" for i in range(6)]
+  assert wall < 6 * 0.4 * 0.8  # two at a time: ~1.2 s
+  zygotes, bwraps = executor.zygote_pids(), worker_bwraps(executor)
+  assert len(zygotes) == 2 and len(bwraps) == 2 and set(bwraps) <= set(bwrap_children())
+  executor.close()
+  assert not set(bwraps) & set(bwrap_children()) and not any(os.path.exists(f"/proc/{z}") for z in zygotes)
+  executor.close()  # idempotent
+
+
+def test_falls_back_to_per_call_with_one_log_line(monkeypatch, caplog, tmp_path):
+  broken = tmp_path / "zygote.py"
+  broken.write_text("import sys\nprint('zygote exploded', file=sys.stderr)\nsys.exit(3)\n")
+  monkeypatch.setattr(sandbox_worker, "_ZYGOTE", str(broken))
+  with caplog.at_level(logging.WARNING, logger="agentrl_jax.tools.sandbox"):
+    with sandbox.LocalExecutor(ToolConfig(**CFG, max_concurrency=1)) as executor:
+      assert executor.local_mode == "per_call"
+      assert executor.run("print(5)").stdout == "5\n"
+  lines = [r.getMessage() for r in caplog.records if "per call" in r.getMessage()]
+  assert len(lines) == 1 and "zygote exploded" in lines[0], caplog.text
+
+
+def test_not_root_means_per_call(monkeypatch, caplog):
+  real = sandbox._plan
+
+  def userns_plan(cfg):  # what _plan returns without root (the prefix stays root's, so the probe runs here)
+    plan = real(cfg)
+    return sandbox._Plan("bwrap-userns", plan.prefix, plan.python, plan.bwrap_options)
+
+  monkeypatch.setattr(sandbox, "_plan", userns_plan)
+  with caplog.at_level(logging.INFO, logger="agentrl_jax.tools.sandbox"):
+    with sandbox.LocalExecutor(ToolConfig(**CFG, max_concurrency=1)) as executor:
+      assert executor.local_mode == "per_call" and executor.run("print(6)").stdout == "6\n"
+  assert "worker mode needs root" in caplog.text
+
+
+def test_per_call_mode_is_selectable_and_worker_is_the_default():
+  assert ToolConfig().local_mode == "worker"
+  with executors.make_executor(ToolConfig(**CFG, max_concurrency=1, local_mode="per_call")) as executor:
+    assert executor.local_mode == "per_call" and executor.zygote_pids() == []
+    assert executor.run("print(7)").stdout == "7\n"
+  with tools.make_executor(ToolConfig(**CFG, max_concurrency=1)) as executor:
+    assert isinstance(executor, sandbox.LocalExecutor)
+
+
+def test_interface_module_does_not_import_its_implementations():
+  path = os.path.join(os.path.dirname(tools.__file__), "base.py")
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+  imported |= {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+  assert not [m for m in imported if "sandbox" in m or "executors" in m], imported
+
+
+def test_workers_die_with_the_host_process():
+  script = ("import sys, time\nfrom agentrl_jax.tools import sandbox\nfrom agentrl_jax.tools.base import ToolConfig\n"
+            "ex = sandbox.LocalExecutor(ToolConfig(timeout_s=5, memory_mb=512, max_concurrency=1))\n"
+            "print(ex.local_mode, *ex.zygote_pids(), flush=True)\ntime.sleep(60)")
+  host = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+  try:
+    mode, *zygotes = host.stdout.readline().split()
+  finally:
+    host.kill()  # SIGKILL: no close(), no atexit; only its descriptors close
+    host.wait()
+  if mode != "worker":
+    pytest.skip("worker mode is not available here")
+  deadline = time.monotonic() + 10.0
+  while time.monotonic() < deadline and any(alive(int(z)) for z in zygotes):
+    time.sleep(0.05)
+  assert not any(alive(int(z)) for z in zygotes)
+
+
+def alive(pid: int) -> bool:
+  """Whether `pid` exists and is not a zombie."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except OSError:
+    return False
