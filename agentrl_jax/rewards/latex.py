@@ -58,6 +58,9 @@ _THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _THOUSANDS_IN = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d,])")
 _DECIMAL_COMMA_IN = re.compile(r"(?<![\d.,])\d+,\d+(?![\d,])")
 _LIST_SEP = re.compile(r"[,;]|(?<![A-Za-z])(?:and|or)(?![A-Za-z])")
+# Longer answers are compared as exact text, unnormalised: no ground truth is that long, and normalising hundreds of
+# kilobytes would break the time bound (the parser stops at latex_expr.MAX_CHARS anyway).
+MAX_ANSWER_CHARS = 5000
 _INTEGER = re.compile(r"\s*[-+]?\d{1,400}\s*")
 _SPACE_NOT_BETWEEN_WORDS = re.compile(r"(?<![A-Za-z0-9]) | (?![A-Za-z0-9])")
 
@@ -159,6 +162,8 @@ def _truth_text(truth: str) -> str:
 def equivalent(pred: str, truth: str) -> bool:
   """Whether `pred` states the same mathematical object as `truth` (see the module docstring)."""
   pred, truth = str(pred), str(truth)
+  if len(pred) > MAX_ANSWER_CHARS or len(truth) > MAX_ANSWER_CHARS:
+    return bool(pred.strip()) and pred.strip() == truth.strip()
   if _INTEGER.fullmatch(pred) and _INTEGER.fullmatch(truth):  # the common case (AIME), ~10x faster
     return int(pred) == int(truth)
   a, b = normalize(pred), normalize(truth)
@@ -174,12 +179,18 @@ def equivalent(pred: str, truth: str) -> bool:
   ta, tb = parse(a), parse(b)
   if ta is None or tb is None:
     return False
-  return latex_compare.equal(ta, tb)
+  try:
+    return latex_compare.equal(ta, tb)
+  except (ArithmeticError, ValueError, TypeError, IndexError, KeyError, RecursionError):
+    return False  # a tree the comparison cannot handle is not equal (a reward never raises on its input)
 
 
 def canonical(answer: str) -> str:
   """A key under which equivalent answers usually coincide (for majority voting): exact rationals as 'p/q',
   other constants as 12 significant digits, lists element-wise (sets sorted); otherwise the compact text."""
+  answer = str(answer)
+  if len(answer) > MAX_ANSWER_CHARS:
+    return answer.strip()
   text = _truth_text(normalize(answer))
   tree = parse(text)
   if tree is None:

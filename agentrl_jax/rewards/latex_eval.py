@@ -8,14 +8,13 @@ import math
 from fractions import Fraction
 from typing import Union
 
-from agentrl_jax.rewards.latex_expr import Node
-
 MAX_BITS = 20_000
 # One tolerance for every inexact comparison: a decimal against an exact value (0.0833333333 vs 1/12), anything
 # against an irrational (1.4142136 vs sqrt 2), and expressions evaluated at sample points.
 REL_TOL = 1e-6
 
 Number = Union[Fraction, complex]
+Node = tuple  # a `latex_expr` tree (defined here too: latex_expr imports this module, never the reverse)
 
 _CONSTS = {"pi": complex(math.pi), "e": complex(math.e), "i": 1j, "inf": complex(math.inf)}
 _CFUNCS = {"sin": cmath.sin, "cos": cmath.cos, "tan": cmath.tan, "arcsin": cmath.asin, "arccos": cmath.acos,

@@ -12,13 +12,17 @@ Grammar, loosest first (a whole answer):
 
 Numbers separated only by a space ("12 13") do not parse: joining them would turn a list into another number.
 Everything is bounded by construction (characters, tokens, digits, nesting depth), never by timers, so a parse
-returns at once whatever the input. `latex_eval` computes values; `latex_compare` compares trees.
+returns at once whatever the input. `latex_eval` computes values (`evaluate`, re-exported here); `latex_compare`
+compares trees.
 """
 
 from __future__ import annotations
 
 import re
 from fractions import Fraction
+
+# Re-exported: callers that parse an expression evaluate it too (data/stitched.py).
+from agentrl_jax.rewards.latex_eval import as_complex, evaluate  # noqa: F401  pylint: disable=unused-import
 
 MAX_CHARS = 1000
 MAX_TOKENS = 300
