@@ -10,7 +10,9 @@ Smoke (CPU, tiny model, the embedded task): --config=configs/demystify_qwen3_4b.
 
 Every recipe constant is in agentrl_jax/rl/recipe.py (clip 0.2/0.28, dual clip 10, token-mean, no KL, entropy
 coefficient 0, AdamW 1e-6 constant, 64 x 16 per step, mini-batch 16, max response 20480, overlong 4096/1.0,
-16 turns, train T=1 top_p=1, validation n=32 T=1 top_p=0.6, test every 10, save every 30, 3 epochs).
+16 turns, tool 30 s / 2048 MB, train T=1 top_p=1, validation n=32 T=1 top_p=0.6 with 20 generations logged,
+test every 10, save every 30, 3 epochs); tests/test_recipe_constants.py holds each against the line of
+recipe/demystify/grpo_tcr_qwen3_4b.sh (or the verl default it leaves in force) it comes from.
 """
 
 from agentrl_jax.rl import recipe

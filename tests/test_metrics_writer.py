@@ -6,6 +6,8 @@ import glob
 import io
 import json
 import math
+import sys
+import types
 
 import jax.numpy as jnp
 import numpy as np
@@ -70,13 +72,62 @@ def test_metrics_writer_resume_drops_records_after_the_checkpoint(tmp_path):
   assert scalars["__purge__"] == [4] and scalars["loss"][-1] == (4, 40.0)
 
 
-def test_metrics_writer_wandb_missing_is_a_warning_and_progress_bar(tmp_path, caplog):
-  import importlib.util
+class _FakeRun:
+  def __init__(self):
+    self.logged, self.finished = [], 0
 
-  if importlib.util.find_spec("wandb") is None:
-    with metrics_writer.MetricsWriter(tmp_path, wandb_project="p") as w:
-      w.write(1, {"loss": 1.0})
-    assert "wandb is not installed" in caplog.text
+  def log(self, data, step=None):
+    self.logged.append((step, dict(data)))
+
+  def finish(self):
+    self.finished += 1
+
+
+def _fake_wandb():
+  """A stand-in `wandb` module recording what the writer sends it (so the branch runs with or without wandb)."""
+  module = types.ModuleType("wandb")
+  module.inits, module.runs = [], []
+
+  def init(**kwargs):
+    module.inits.append(kwargs)
+    module.runs.append(_FakeRun())
+    return module.runs[-1]
+
+  module.init = init
+  return module
+
+
+def test_metrics_writer_logs_finite_scalars_to_wandb(tmp_path, monkeypatch):
+  fake = _fake_wandb()
+  monkeypatch.setitem(sys.modules, "wandb", fake)
+  config = {"rl": {"n": 16}}
+  with metrics_writer.MetricsWriter(tmp_path / "run_a", config=config, wandb_project="demystify") as w:
+    w.write(3, {"loss": jnp.float32(0.5), "ok": True, "nan": float("nan"), "inf": float("inf"), "hist": [1, 2],
+                "tokens": np.int64(12)})
+    w.write(4, {"loss": 0.25})
+    w.write_samples(4, [{"text": "not a metric"}])
+  (init,) = fake.inits
+  assert init == {"project": "demystify", "name": "run_a", "config": config, "resume": "allow",
+                  "dir": str(tmp_path / "run_a")}
+  (run,) = fake.runs
+  # Scalars only (no lists, no samples); NaN and inf stay in metrics.jsonl but are not sent.
+  assert run.logged == [(3, {"loss": 0.5, "ok": 1, "tokens": 12}), (4, {"loss": 0.25})]
+  assert run.finished == 1
+  assert math.isinf(_jsonl(tmp_path / "run_a" / "metrics.jsonl")[0]["inf"])
+
+  with metrics_writer.MetricsWriter(tmp_path / "run_b", wandb_project="p", wandb_name="named") as w:
+    pass
+  assert fake.inits[1]["name"] == "named" and fake.inits[1]["config"] is None and fake.runs[1].finished == 1
+  metrics_writer.MetricsWriter(tmp_path / "run_c").close()  # no project: wandb is not touched
+  assert len(fake.inits) == 2
+
+
+def test_metrics_writer_wandb_missing_is_a_warning_and_progress_bar(tmp_path, caplog, monkeypatch):
+  monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError, installed or not
+  with metrics_writer.MetricsWriter(tmp_path, wandb_project="p") as w:
+    w.write(1, {"loss": 1.0})
+  assert "wandb is not installed" in caplog.text
+  assert _jsonl(tmp_path / "metrics.jsonl") == [{"step": 1, "loss": 1.0}]
   out = io.StringIO()
   bar = metrics_writer.progress_bar(10, initial=4, file=out)
   bar.update(1)

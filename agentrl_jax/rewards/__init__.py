@@ -4,10 +4,11 @@
     r = rewards.compute_score("AIME2024", response, "33")        # RewardResult(score, acc, pred, info)
     reward = rewards.shaping.shape(r.score, n_tool_calls=2, response_tokens=n_tokens)
 
-Modules: `math` (last boxed answer; strict or LaTeX-equivalent), `multiple_choice` (GPQA option letter), `code`
-(test cases in the sandbox), `shaping` (overlong penalty, tool-call shaping), `latex` (bounded normalisation),
-`registry` (data_source -> kind); `latex` / `latex_expr` hold the bounded answer normalisation, parser and
-evaluator behind math equivalence.
+Modules: `math` (boxed answer; strict = the recipe's exact compare, or equivalence at Math-Verify's level),
+`multiple_choice` (GPQA option letter), `code` (test cases in the sandbox), `shaping` (overlong penalty, tool-call
+shaping), `registry` (data_source -> kind). Behind math equivalence, all bounded by construction: `latex`
+(normalisation, entry points), `latex_expr` (parser), `latex_eval` (values), `latex_compare` (sets, labels,
+relations, intervals, matrices).
 """
 
 from agentrl_jax.rewards import code, latex, math, multiple_choice, shaping

@@ -1,54 +1,77 @@
-"""Bounded parser and evaluator for normalised LaTeX answers (used by `latex`).
+"""Bounded parser for normalised LaTeX answers (used by `latex`): text -> a small tree of tuples.
 
-`parse` turns a normalised answer into a small expression tree: numbers, symbols, + - * / ^ !, `\\frac`,
-`\\sqrt[n]{}`, `\\binom`, functions, constants (pi, e, i, infinity), and bracketed lists (tuples, intervals,
-sets). `evaluate` computes its value: an exact `Fraction` while rational arithmetic suffices, else a complex float.
-Both are bounded by construction (token, digit, depth and bit limits), never by timers.
+Grammar, loosest first (a whole answer):
+
+    answer    item (SEP item)*                   SEP: ',' ';' 'and' 'or' ('list', '', '', items) when > 1 item
+    item      ratio (REL ratio)*                 REL: = < > <= >= \\ne \\approx \\in -> ('rel', ops, operands)
+    ratio     union (':' union)?                 -> ('ratio', a, b)
+    union     expr (\\cup expr)*                 -> ('union', items)
+    expr      + - \\pm \\mp over terms; terms: * / \\cdot \\times \\div and implicit products; ^ ! postfix
+    atom      number, symbol (x, x_1, f(x)), constant (\\pi e i \\infty), \\frac \\sqrt[n] \\binom, functions,
+              (..) [..] \\{..\\} {..} lists (tuples, intervals, sets), |..|, matrices (\\begin{pmatrix}..)
+
+Numbers separated only by a space ("12 13") do not parse: joining them would turn a list into another number.
+Everything is bounded by construction (characters, tokens, digits, nesting depth), never by timers, so a parse
+returns at once whatever the input. `latex_eval` computes values (`evaluate`, re-exported here); `latex_compare`
+compares trees.
 """
 
 from __future__ import annotations
 
-import cmath
-import math
 import re
 from fractions import Fraction
-from typing import Union
+
+# Re-exported: callers that parse an expression evaluate it too (data/stitched.py).
+from agentrl_jax.rewards.latex_eval import as_complex, evaluate  # noqa: F401  pylint: disable=unused-import
 
 MAX_CHARS = 1000
 MAX_TOKENS = 300
 MAX_DIGITS = 400
 MAX_DEPTH = 60
-MAX_BITS = 20_000
-REL_TOL = 1e-9
 
-Number = Union[Fraction, complex]
 Node = tuple
 
-# ---------------------------------------------------------------------------------------------- tokenizer
+FUNCS = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "log",
+         "ln", "exp", "lg"}
+GREEK = {"alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "theta", "vartheta", "lambda", "mu", "nu",
+         "xi", "rho", "sigma", "tau", "phi", "varphi", "chi", "psi", "omega", "eta", "zeta", "kappa", "Omega",
+         "Delta", "Gamma", "Theta", "Lambda", "Sigma", "Phi", "Psi"}
+RELS = {"=": "=", "<": "<", ">": ">", "<=": "<=", ">=": ">=", r"\leq": "<=", r"\geq": ">=", r"\ne": "!=",
+        "!=": "!=", r"\approx": "~", r"\in": "in"}
+_ATOM_CMDS = FUNCS | GREEK | {"frac", "sqrt", "pi", "infty", "binom", "begin"}
+# Known commands first, longest first: `\cdotx` must split as `\cdot x` when a space was lost.
+_KNOWN = sorted(FUNCS | GREEK | {"frac", "sqrt", "pi", "infty", "binom", "cdot", "times", "div", "pm", "mp", "cup",
+                                 "leq", "geq", "ne", "approx", "in"}, key=len, reverse=True)
+_TOKEN = re.compile(r"\s+|\d+\.?\d*|\.\d+|\\begin\{[a-zA-Z]+\}(?:\{[a-z|]*\})?|\\end\{[a-zA-Z]+\}|\\\\"
+                    r"|\\(?:" + "|".join(_KNOWN) + r")|\\[a-zA-Z]+|\\[{}|]"
+                    r"|(?<![A-Za-z])(?:and|or)(?![A-Za-z])|[A-Za-z]|<=|>=|!=|[-+*/^!()\[\]{},;_|=<>':&]|\S")
+# Commands that structure an answer: never read as a symbol.
+_STRUCTURAL = {"boxed", "fbox", "text", "end", "begin", "cap", "setminus", "to", "rightarrow", "Rightarrow",
+               "implies", "iff", "quad", "qquad", "cdots", "ldots", "dots", "vdots", "ddots", "sum", "prod", "int",
+               "lim", "overline", "vec", "hat", "bar", "tilde", "dot", "not", "forall", "exists"}
+_MATRIX_ENVS = ("pmatrix", "bmatrix", "Bmatrix", "matrix", "smallmatrix", "array")
+_OPEN = {"(": (")", "]"), "[": (")", "]"), r"\{": (r"\}",), "{": ("}",)}
 
-_FUNCS = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "log",
-          "ln", "exp", "lg"}
-_GREEK = {"alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "theta", "vartheta", "lambda", "mu", "nu",
-          "xi", "rho", "sigma", "tau", "phi", "varphi", "chi", "psi", "omega", "eta", "zeta", "kappa", "Omega",
-          "Delta", "Gamma", "Theta", "Lambda", "Sigma", "Phi", "Psi"}
-# Known commands first, longest first: whitespace is gone after `normalize`, so `\cdotx` must split as `\cdot x`.
-_KNOWN = sorted(_FUNCS | _GREEK | {"frac", "sqrt", "pi", "infty", "binom", "cdot", "times", "div"}, key=len,
-                reverse=True)
-_TOKEN = re.compile(r"\d+\.?\d*|\.\d+|\\(?:" + "|".join(_KNOWN) + r")|\\[a-zA-Z]+|\\[{}|]|[A-Za-z]"
-                    r"|[-+*/^!()\[\]{},_|=<>']|\S")
 
-
-class _Fail(Exception):
-  pass
+class Fail(Exception):
+  """The answer is outside the supported subset or its bounds."""
 
 
 class _Parser:
   """Recursive descent over the tokens of a normalised answer."""
 
   def __init__(self, text: str):
-    self.toks = _TOKEN.findall(text)
-    if len(self.toks) > MAX_TOKENS:
-      raise _Fail("too long")
+    self.toks, self.spaced = [], []
+    space = False
+    for tok in _TOKEN.findall(text):
+      if tok.isspace():
+        space = True
+        continue
+      self.toks.append(tok)
+      self.spaced.append(space)
+      space = False
+      if len(self.toks) > MAX_TOKENS:
+        raise Fail("too long")
     self.i = 0
     self.depth = 0
 
@@ -59,37 +82,59 @@ class _Parser:
   def take(self, expected: str | None = None) -> str:
     tok = self.peek()
     if tok is None or (expected is not None and tok != expected):
-      raise _Fail(f"expected {expected!r}, got {tok!r}")
+      raise Fail(f"expected {expected!r}, got {tok!r}")
     self.i += 1
     return tok
 
   def enter(self):
     self.depth += 1
     if self.depth > MAX_DEPTH:
-      raise _Fail("too deep")
+      raise Fail("too deep")
+
+  # ------------------------------------------------------------------------------------------ structure
 
   def top(self) -> Node:
-    items = self.sequence(stop=None)
+    items = [self.item()]
+    while self.peek() in (",", ";", "and", "or"):
+      self.take()
+      if self.peek() in ("and", "or"):  # "1, 2, and 3"
+        self.take()
+      items.append(self.item())
     if self.peek() is not None:
-      raise _Fail(f"trailing {self.peek()!r}")
+      raise Fail(f"trailing {self.peek()!r}")
     return items[0] if len(items) == 1 else ("list", "", "", tuple(items))
 
-  def sequence(self, stop: tuple[str, ...] | None) -> list[Node]:
+  def item(self) -> Node:
+    operands, ops = [self.ratio()], []
+    while self.peek() in RELS:
+      ops.append(RELS[self.take()])
+      operands.append(self.ratio())
+    return operands[0] if not ops else ("rel", tuple(ops), tuple(operands))
+
+  def ratio(self) -> Node:
+    node = self.union()
+    if self.peek() == ":":
+      self.take()
+      node = ("ratio", node, self.union())
+    return node
+
+  def union(self) -> Node:
     items = [self.expr()]
-    while self.peek() in (",", ";"):
+    while self.peek() == r"\cup":
       self.take()
       items.append(self.expr())
-    if stop is not None and self.peek() not in stop:
-      raise _Fail("unclosed bracket")
-    return items
+    return items[0] if len(items) == 1 else ("union", tuple(items))
+
+  # ------------------------------------------------------------------------------------------ arithmetic
 
   def expr(self) -> Node:
     self.enter()
     node = self.term()
-    while self.peek() in ("+", "-"):
+    while self.peek() in ("+", "-", r"\pm", r"\mp"):
       op = self.take()
       rhs = self.term()
-      node = ("add", node, rhs if op == "+" else ("neg", rhs))
+      node = (("add", node, rhs) if op == "+" else ("add", node, ("neg", rhs)) if op == "-"
+              else ("pm", node, rhs) if op == r"\pm" else ("pm", node, ("neg", rhs)))
     self.depth -= 1
     return node
 
@@ -104,21 +149,23 @@ class _Parser:
         self.take()
         node = ("div", node, self.unary())
       elif tok is not None and self.starts_atom(tok):
+        if self.spaced[self.i] and _is_number(tok) and _ends_in_number(node):
+          raise Fail("numbers separated only by a space")
         node = ("mul", node, self.power())  # implicit product: 2\pi, 3x, 2(x+1)
       else:
         return node
 
   def starts_atom(self, tok: str) -> bool:
-    return (tok[0].isdigit() or tok[0] == "." or tok.isalpha() or tok in ("(", "{")
-            or (tok.startswith("\\") and tok[1:] in (_FUNCS | _GREEK | {"frac", "sqrt", "pi", "infty", "binom"})))
+    return (_is_number(tok) or (tok.isalpha() and tok not in ("and", "or")) or tok in ("(", "{", r"\{")
+            or (tok.startswith("\\") and tok[1:] in _ATOM_CMDS) or tok.startswith(r"\begin{"))
 
   def unary(self) -> Node:
-    if self.peek() in ("-", "+"):
+    if self.peek() in ("-", "+", r"\pm", r"\mp"):
       op = self.take()
       self.enter()
       node = self.unary()
       self.depth -= 1
-      return ("neg", node) if op == "-" else node
+      return (("neg", node) if op == "-" else node if op == "+" else ("pm", ("num", Fraction(0)), node))
     return self.power()
 
   def power(self) -> Node:
@@ -135,7 +182,7 @@ class _Parser:
     node = self.atom()
     while self.peek() in ("!", "'"):
       if self.take() == "'":
-        raise _Fail("derivative")
+        raise Fail("derivative")
       node = ("fact", node)
     return node
 
@@ -148,83 +195,147 @@ class _Parser:
       return node
     tok = self.take()
     if tok[0].isdigit():
-      return ("num", Fraction(tok[0])) if len(tok) > 1 and self.split_digit(tok) else ("num", _number(tok))
+      if len(tok) > 1 and "." not in tok:  # `\frac12`: the first digit is the argument, the rest comes next
+        self.toks[self.i - 1:self.i] = [tok[0], tok[1:]]
+        self.spaced[self.i - 1:self.i] = [self.spaced[self.i - 1], False]
+        return ("num", Fraction(tok[0]))
+      return num_node(tok)
     if tok.isalpha():
       return ("sym", tok)
-    raise _Fail(f"bad argument {tok!r}")
-
-  def split_digit(self, tok: str) -> bool:
-    # `\frac12`: the first digit is the numerator, the rest is put back as the next token.
-    if "." in tok:
-      return False
-    self.toks[self.i - 1:self.i] = [tok[0], tok[1:]]
-    return True
+    raise Fail(f"bad argument {tok!r}")
 
   def atom(self) -> Node:
     self.enter()
     try:
       tok = self.take()
-      if tok[0].isdigit() or tok[0] == ".":
-        return ("num", _number(tok))
-      if tok in ("(", "[", r"\{", "{"):
-        close = {"(": (")", "]"), "[": (")", "]"), r"\{": (r"\}",), "{": ("}",)}[tok]
-        items = self.sequence(stop=close)
-        end = self.take()
-        if tok == "{" and len(items) == 1:
-          return items[0]
-        if len(items) == 1 and tok == "(" and end == ")":
-          return items[0]
-        return ("list", tok, end, tuple(items))
+      if _is_number(tok):
+        return num_node(tok)
+      if tok in _OPEN:
+        return self.bracketed(tok)
       if tok == "|" or tok == r"\|":
         node = self.expr()
         self.take(tok)
         return ("fn", "abs", node)
-      if tok.isalpha():
-        if self.peek() == "_":
-          self.take()
-          sub = self.take()
-          if sub == "{":
-            parts = []
-            while self.peek() not in ("}", None):
-              parts.append(self.take())
-            self.take("}")
-            sub = "".join(parts)
-          return ("sym", f"{tok}_{sub}")
-        return ("const", "e") if tok == "e" else ("const", "i") if tok == "i" else ("sym", tok)
+      if tok.startswith(r"\begin{"):
+        return self.matrix(tok)
+      if tok.isalpha() and tok not in ("and", "or"):
+        return self.symbol(tok)
       if tok.startswith("\\"):
-        name = tok[1:]
-        if name == "frac" or name == "binom":
-          a, b = self.group(), self.group()
-          return ("div", a, b) if name == "frac" else ("binom", a, b)
-        if name == "sqrt":
-          index = None
-          if self.peek() == "[":
-            self.take()
-            index = self.expr()
-            self.take("]")
-          arg = self.group()
-          return ("pow", arg, ("div", ("num", Fraction(1)), index if index is not None else ("num", Fraction(2))))
-        if name == "pi":
-          return ("const", "pi")
-        if name == "infty":
-          return ("const", "inf")
-        if name in _GREEK:
-          return ("sym", name)
-        if name in _FUNCS:
-          if self.peek() == "^":  # \sin^2 x
-            self.take()
-            exp = self.group()
-            return ("pow", ("fn", name, self.power()), exp)
-          return ("fn", name, self.power())
-      raise _Fail(f"unsupported token {tok!r}")
+        return self.command(tok[1:])
+      raise Fail(f"unsupported token {tok!r}")
     finally:
       self.depth -= 1
 
+  def bracketed(self, tok: str) -> Node:
+    close = _OPEN[tok]
+    items = [self.ratio()]
+    while self.peek() in (",", ";"):
+      self.take()
+      items.append(self.ratio())
+    if self.peek() not in close:
+      raise Fail("unclosed bracket")
+    end = self.take()
+    if len(items) == 1 and (tok == "{" or (tok == "(" and end == ")") or items[0][0] == "matrix"):
+      return items[0]
+    return ("list", tok, end, tuple(items))
 
-def _number(tok: str) -> Fraction:
+  def symbol(self, tok: str) -> Node:
+    if self.peek() == "_":
+      self.take()
+      sub = self.take()
+      if sub == "{":
+        parts = []
+        while self.peek() not in ("}", None):
+          parts.append(self.take())
+          if len(parts) > 20:
+            raise Fail("subscript too long")
+        self.take("}")
+        sub = "".join(parts)
+      return ("sym", f"{tok}_{sub}")
+    if tok in ("e", "i"):
+      return ("const", tok)
+    # `f(x)`: a function of one variable is one symbol (so f(x) and f(y) differ), not the product f*x.
+    if (self.peek() == "(" and not self.spaced[self.i] and (self.peek(1) or "").isalpha() and len(self.peek(1)) == 1
+        and self.peek(2) == ")"):
+      arg = self.toks[self.i + 1]
+      self.i += 3
+      return ("sym", f"{tok}({arg})")
+    return ("sym", tok)
+
+  def command(self, name: str) -> Node:
+    if name in ("frac", "binom"):
+      a, b = self.group(), self.group()
+      return ("div", a, b) if name == "frac" else ("binom", a, b)
+    if name == "sqrt":
+      index = None
+      if self.peek() == "[":
+        self.take()
+        index = self.expr()
+        self.take("]")
+      arg = self.group()
+      return ("pow", arg, ("div", ("num", Fraction(1)), index if index is not None else ("num", Fraction(2))))
+    if name == "pi":
+      return ("const", "pi")
+    if name == "infty":
+      return ("const", "inf")
+    if name in GREEK:
+      return ("sym", name)
+    if name in FUNCS:
+      if self.peek() == "^":  # \sin^2 x
+        self.take()
+        exp = self.group()
+        return ("pow", ("fn", name, self.power()), exp)
+      return ("fn", name, self.power())
+    if self.peek() not in ("{", "[") and name not in _STRUCTURAL:
+      return ("sym", "\\" + name)  # an unknown command without arguments (\zeta_0, \aleph) is a symbol
+    raise Fail(f"unsupported command \\{name}")
+
+  def matrix(self, begin: str) -> Node:
+    env = begin[len(r"\begin{"):].split("}", 1)[0]
+    if env not in _MATRIX_ENVS:
+      raise Fail(f"unsupported environment {env}")
+    rows, row = [], [self.expr()]
+    while True:
+      tok = self.take()
+      if tok == "&":
+        row.append(self.expr())
+      elif tok == "\\\\":
+        rows.append(tuple(row))
+        if self.peek() == rf"\end{{{env}}}":  # a trailing row separator
+          self.take()
+          break
+        row = [self.expr()]
+      elif tok == rf"\end{{{env}}}":
+        rows.append(tuple(row))
+        break
+      else:
+        raise Fail(f"unexpected {tok!r} in a matrix")
+    if len({len(r) for r in rows}) != 1:
+      raise Fail("ragged matrix")
+    return ("matrix", tuple(rows))
+
+
+def _is_number(tok: str) -> bool:
+  return tok[0].isdigit() or (tok[0] == "." and len(tok) > 1)
+
+
+def _ends_in_number(node: Node) -> bool:
+  while node[0] in ("mul", "add"):
+    node = node[2]
+  return node[0] == "num"
+
+
+def number(tok: str) -> Fraction:
+  """An exact decimal literal."""
   if len(tok) > MAX_DIGITS:
-    raise _Fail("number too long")
+    raise Fail("number too long")
   return Fraction(tok)
+
+
+def num_node(tok: str) -> Node:
+  """('num', value), or ('num', value, 'dec') for a decimal with a fractional part: a rounded value."""
+  value = number(tok)
+  return ("num", value, "dec") if "." in tok and value.denominator != 1 else ("num", value)
 
 
 def parse(answer: str) -> Node | None:
@@ -233,119 +344,27 @@ def parse(answer: str) -> Node | None:
     return None
   try:
     return _Parser(answer).top()
-  except (_Fail, ValueError, ZeroDivisionError, RecursionError):
+  except (Fail, ValueError, ZeroDivisionError, RecursionError):
     return None
 
 
-# ---------------------------------------------------------------------------------------------- evaluation
-
-_CONSTS = {"pi": complex(math.pi), "e": complex(math.e), "i": 1j, "inf": complex(math.inf)}
-_CFUNCS = {"sin": cmath.sin, "cos": cmath.cos, "tan": cmath.tan, "arcsin": cmath.asin, "arccos": cmath.acos,
-           "arctan": cmath.atan, "sinh": cmath.sinh, "cosh": cmath.cosh, "tanh": cmath.tanh, "exp": cmath.exp,
-           "ln": cmath.log, "log": cmath.log, "lg": cmath.log10, "abs": abs,
-           "cot": lambda x: 1 / cmath.tan(x), "sec": lambda x: 1 / cmath.cos(x), "csc": lambda x: 1 / cmath.sin(x)}
-
-
-def as_complex(x: Number) -> complex:
-  """A value as a complex float."""
-  return complex(x) if isinstance(x, Fraction) else x
+def subnodes(node: Node):
+  """Every node of a tree, depth first (items of lists and matrix rows included)."""
+  stack = [node]
+  while stack:
+    n = stack.pop()
+    if n and isinstance(n[0], str):
+      yield n
+      stack.extend(c for c in n[1:] if isinstance(c, tuple))
+    else:  # a tuple of nodes (list items) or of rows
+      stack.extend(c for c in n if isinstance(c, tuple))
 
 
-def _bits(q: Fraction) -> int:
-  return max(q.numerator.bit_length(), q.denominator.bit_length())
+def has_decimal(node: Node) -> bool:
+  """Whether a tree holds a decimal literal with a fractional part (a rounded value, compared with tolerance)."""
+  return any(n[0] == "num" and len(n) > 2 for n in subnodes(node))
 
 
-def evaluate(node: Node, env: dict[str, complex]) -> Number | None:
-  """Value of an expression tree: an exact `Fraction` when rational arithmetic suffices, else a complex float;
-  None when undefined (division by zero) or out of bounds (huge powers, factorials)."""
-  try:
-    return _eval(node, env)
-  except (ArithmeticError, ValueError, TypeError, KeyError, RecursionError):
-    return None
-
-
-def _eval(node: Node, env: dict[str, complex]) -> Number:
-  kind = node[0]
-  if kind == "num":
-    return node[1]
-  if kind == "sym":
-    return env[node[1]]
-  if kind == "const":
-    return _CONSTS[node[1]]
-  if kind == "neg":
-    return -_eval(node[1], env)
-  if kind in ("add", "mul", "div"):
-    a, b = _eval(node[1], env), _eval(node[2], env)
-    if isinstance(a, Fraction) and isinstance(b, Fraction):
-      out = a + b if kind == "add" else a * b if kind == "mul" else a / b
-      if _bits(out) > MAX_BITS:
-        raise OverflowError
-      return out
-    a, b = as_complex(a), as_complex(b)
-    out = a + b if kind == "add" else a * b if kind == "mul" else a / b
-    return _finite(out)
-  if kind == "pow":
-    return _pow(_eval(node[1], env), _eval(node[2], env))
-  if kind == "fact":
-    n = _eval(node[1], env)
-    if not isinstance(n, Fraction) or n.denominator != 1 or not 0 <= n <= 1000:
-      raise ValueError("factorial")
-    return Fraction(math.factorial(int(n)))
-  if kind == "binom":
-    n, k = _eval(node[1], env), _eval(node[2], env)
-    if not all(isinstance(v, Fraction) and v.denominator == 1 and 0 <= v <= 5000 for v in (n, k)):
-      raise ValueError("binom")
-    return Fraction(math.comb(int(n), int(k)))
-  if kind == "fn":
-    x = as_complex(_eval(node[2], env))
-    if abs(x) > 1e6 and node[1] in ("sin", "cos", "tan", "cot", "sec", "csc", "exp", "sinh", "cosh", "tanh"):
-      raise OverflowError  # no meaningful float value
-    return _finite(complex(_CFUNCS[node[1]](x)))
-  raise ValueError(f"cannot evaluate {kind}")
-
-
-def _finite(z: complex) -> complex:
-  if cmath.isnan(z):
-    raise ValueError("nan")
-  return z
-
-
-def _pow(base: Number, exp: Number) -> Number:
-  if isinstance(base, Fraction) and isinstance(exp, Fraction):
-    if exp.denominator == 1:
-      if base == 0 and exp < 0:
-        raise ZeroDivisionError
-      if abs(base) in (0, 1) or abs(exp.numerator) * _bits(base) <= MAX_BITS:
-        return base ** exp.numerator
-    else:
-      # Exact roots of perfect powers (\sqrt{16} = 4) stay rational.
-      root = _exact_root(base, exp)
-      if root is not None:
-        return root
-  b, e = as_complex(base), as_complex(exp)
-  if abs(e) > 1e6 and abs(b) not in (0.0, 1.0):
-    raise OverflowError
-  if b == 0:
-    if e.real > 0:
-      return complex(0)
-    raise ZeroDivisionError
-  return _finite(complex(b ** e))
-
-
-def _exact_root(base: Fraction, exp: Fraction) -> Fraction | None:
-  if base < 0 or exp.denominator > 64 or abs(exp.numerator) > 64 or _bits(base) > 2000:
-    return None
-  k = exp.denominator
-  parts = []
-  for v in (base.numerator, base.denominator):
-    r = round(v ** (1.0 / k)) if v < 2 ** 1000 else None
-    if r is None:
-      return None
-    for cand in (r - 1, r, r + 1):
-      if cand >= 0 and cand ** k == v:
-        parts.append(cand)
-        break
-    else:
-      return None
-  root = Fraction(parts[0], parts[1])
-  return root ** exp.numerator
+def symbols(node: Node) -> set[str]:
+  """Names of the free symbols of a tree."""
+  return {n[1] for n in subnodes(node) if n[0] == "sym"}

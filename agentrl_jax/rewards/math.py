@@ -1,17 +1,23 @@
-"""Math reward: the LAST boxed answer of a response against the ground truth, +1 / -1.
+"""Math reward: the boxed answer of a response against the ground truth, +1 / -1.
 
     from agentrl_jax.rewards import math as math_reward
     math_reward.score("... so the answer is \\\\boxed{\\\\dfrac{1}{2}}.", "0.5")             # score 1.0, acc True
     math_reward.score("... \\\\boxed{0.5}", "\\\\frac12", mode="strict")                    # score -1.0
 
 Modes:
-  strict  the recipe (verl `math_dapo`, strict box): the boxed text must equal the ground truth as a string
-          (surrounding whitespace ignored). The recipe only looks at the last 100 characters of the response;
-          here the last boxed answer anywhere counts, so a correct answer followed by a closing sentence is not lost.
-  equiv   LaTeX-aware equivalence (`latex.equivalent`): `\\\\frac`/`\\\\dfrac`, roots, thousands separators,
-          `^\\\\circ`, `\\\\$`, `\\\\text{}` and units, tuples and intervals, `x=5` -> 5, leading zeros, numeric value.
-A response without a boxed answer is wrong. Text inside `<tool_response>...</tool_response>` is ignored: an
-answer printed by the code tool is not the model's answer. Every call is bounded (see `latex`), whatever the input.
+  strict  the recipe's compare (verl `math_dapo.compute_score(..., strict_box_verify=True)`): only the last 100
+          characters of the response are searched (the reference keeps `solution_str[-300:]`, then
+          `pred[-100:]`; verl/utils/reward_score/math_dapo.py:260 and :211) for the last `\\\\boxed{`, whose
+          content must equal the ground truth string exactly. As there, control tokens (`<|im_end|>`) are not part
+          of the response (the reference decodes with `skip_special_tokens=True`).
+  equiv   equivalence at the level of Math-Verify (`latex.equivalent`): fractions, roots, decimals, thousands
+          separators, units and percent words, unordered solution sets, labelled answers, equation chains,
+          equations and inequalities, intervals, matrices. The answer is the last box, joined with the boxes just
+          before it when only separators stand between them (`\\\\boxed{(2,2)} \\\\text{ and } \\\\boxed{(6,2)}`),
+          so several boxes answer together and a hedge (`\\\\boxed{3} or \\\\boxed{5}`) is a list, never its last item.
+A response without a boxed answer is wrong. In both modes text inside `<tool_response>...</tool_response>` is
+ignored (unlike the reference): an answer printed by the code tool is not the model's answer. Every call is
+bounded (see `latex`), whatever the input.
 """
 
 from __future__ import annotations
@@ -22,8 +28,16 @@ from agentrl_jax.rewards import latex
 from agentrl_jax.rewards.base import RewardResult
 
 MODES = ("strict", "equiv")
+STRICT_WINDOW_CHARS = 100  # the reference's `pred[-100:]` (math_dapo.py:211)
+MAX_JOINED_BOXES = 16
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 _TOOL_RESPONSE_RE = re.compile(r"<tool_response>.*?(?:</tool_response>|\Z)", re.DOTALL)
+_CONTROL_TOKEN_RE = re.compile(r"<\|[a-z_]{1,40}\|>")
+# What may stand between boxes that answer together: whitespace, commas, semicolons, 'and' / 'or', math
+# delimiters, spacing commands, \text{ and }.
+_JOINER_RE = re.compile(r"(?:\s|[,;.&]|\$|\\[()\[\]]|\\\\|\\[,;:! ]|\\q?quad|\band\b|\bor\b"
+                        r"|\\text\s*\{\s*(?:and|or|,)?\s*\})*")
+_MAX_JOINER_CHARS = 40
 
 
 def strip_tool_responses(text: str) -> str:
@@ -33,18 +47,8 @@ def strip_tool_responses(text: str) -> str:
   return _TOOL_RESPONSE_RE.sub("", text)
 
 
-def last_boxed(text: str) -> str | None:
-  """Content of the last `\\\\boxed{...}` / `\\\\fbox{...}` (brace-balanced) or `\\\\boxed 5`; None if absent.
-
-  Only the last occurrence is considered: if it is unterminated (a truncated response), there is no answer.
-  """
-  if not isinstance(text, str):
-    return None
-  start = None
-  for m in _BOX_RE.finditer(text):
-    start = m.end()
-  if start is None:
-    return None
+def _box_span(text: str, start: int) -> tuple[str, int] | None:
+  """(content, end) of the box whose command ends at `start`: brace-balanced `{...}`, or `\\\\boxed 5`."""
   i = start
   while i < len(text) and text[i] in " \t":
     i += 1
@@ -52,7 +56,8 @@ def last_boxed(text: str) -> str | None:
     return None
   if text[i] != "{":
     m = re.match(r"[^\s$]+", text[i:i + 1000])
-    return m.group(0).rstrip(".,;") or None if m else None
+    content = m.group(0).rstrip(".,;") if m else ""
+    return (content, i + len(content)) if content else None
   depth, j = 0, i
   while j < len(text):
     c = text[j]
@@ -64,21 +69,68 @@ def last_boxed(text: str) -> str | None:
     elif c == "}":
       depth -= 1
       if depth == 0:
-        return text[i + 1:j]
+        return text[i + 1:j], j + 1
     j += 1
   return None
 
 
+def last_boxed(text: str) -> str | None:
+  """Content of the last `\\\\boxed{...}` / `\\\\fbox{...}` (brace-balanced) or `\\\\boxed 5`; None if absent.
+
+  Only the last occurrence is considered: if it is unterminated (a truncated response), there is no answer.
+  """
+  boxes = boxed_answers(text, max_boxes=1)
+  return boxes[-1] if boxes else None
+
+
+def boxed_answers(text: str, max_boxes: int = MAX_JOINED_BOXES) -> list[str]:
+  """The last box and the boxes just before it that only separators divide from it, in order; [] if none."""
+  if not isinstance(text, str):
+    return []
+  starts = [m for m in _BOX_RE.finditer(text)]
+  out: list[str] = []
+  next_start = None
+  for m in reversed(starts):
+    span = _box_span(text, m.end())
+    if span is None or (next_start is not None and span[1] > next_start):
+      break  # unterminated, or nested inside the box after it
+    if next_start is not None:
+      gap = text[span[1]:next_start]
+      if len(gap) > _MAX_JOINER_CHARS or not _JOINER_RE.fullmatch(gap):
+        break
+    out.append(span[0])
+    next_start = m.start()
+    if len(out) >= max_boxes:
+      break
+  return out[::-1]
+
+
+def _reference_last_boxed(text: str) -> str | None:
+  """verl math_dapo's `remove_boxed(last_boxed_only_string(text))`: the last `\\\\boxed{`, braces counted as is."""
+  idx = text.rfind("\\boxed{")
+  if idx < 0:
+    return None
+  depth = 0
+  for i in range(idx, len(text)):
+    if text[i] == "{":
+      depth += 1
+    elif text[i] == "}":
+      depth -= 1
+      if depth == 0:
+        return text[idx + len("\\boxed{"):i]
+  return None
+
+
 def score(response: str, ground_truth: str, mode: str = "equiv") -> RewardResult:
-  """Scores a response's last boxed answer against `ground_truth`.
+  """Scores a response's boxed answer against `ground_truth`.
 
   Args:
     response: the model's response text (tool outputs inside it are ignored).
     ground_truth: the reference answer (a number or LaTeX); non-strings are converted with `str`.
-    mode: 'strict' (exact string, the recipe) or 'equiv' (LaTeX equivalence).
+    mode: 'strict' (exact string in the reference's window, the recipe) or 'equiv' (equivalence).
 
   Returns:
-    RewardResult(score=+1 or -1, acc, pred=the boxed text or '').
+    RewardResult(score=+1 or -1, acc, pred=the boxed text (equiv: boxes answering together joined by ', ') or '').
 
   Raises:
     ValueError: unknown `mode` (a configuration error, not a bad input).
@@ -87,13 +139,18 @@ def score(response: str, ground_truth: str, mode: str = "equiv") -> RewardResult
     raise ValueError(f"math reward mode must be one of {MODES}, got {mode!r}")
   text = response if isinstance(response, str) else "" if response is None else str(response)
   truth = ground_truth if isinstance(ground_truth, str) else "" if ground_truth is None else str(ground_truth)
-  pred = last_boxed(strip_tool_responses(text))
-  if pred is None:
-    return RewardResult(-1.0, False, "", "no boxed answer")
+  text = strip_tool_responses(text)
   if mode == "strict":
-    ok = pred.strip() == truth.strip()
-  else:
-    ok = latex.equivalent(pred, truth)
+    pred = _reference_last_boxed(_CONTROL_TOKEN_RE.sub("", text)[-STRICT_WINDOW_CHARS:])
+    if pred is None:
+      return RewardResult(-1.0, False, "", "no boxed answer in the last 100 characters")
+    ok = pred == truth
+    return RewardResult(1.0 if ok else -1.0, ok, pred)
+  boxes = boxed_answers(text)
+  if not boxes:
+    return RewardResult(-1.0, False, "", "no boxed answer")
+  pred = ", ".join(b.strip() for b in boxes)
+  ok = latex.equivalent(pred, truth)
   return RewardResult(1.0 if ok else -1.0, ok, pred)
 
 

@@ -4,11 +4,25 @@
 
 Order (the recipe's): tool-call shaping inside the score function, then the overlong penalty added on top.
 Pure Python scalars here; `overlong_penalty` also takes numpy / jax arrays for a whole batch.
+
+Tool-call shaping in the reference (Gen-Verse/Open-AgentRL) is in effect a constant: its score function computes
+`tool_call_reward = (num_turns - 2) / 2 * 0.1` from `extra_info.get("num_turns", 0)` (recipe/demystify/reward.py,
+lines 172-175), but the recipe runs the `dapo` reward manager (recipe/demystify/grpo_tcr_qwen3_4b.sh, lines 43 and
+129), which passes the dataset row's `extra_info` unchanged (verl/workers/reward_manager/dapo.py, lines 95-102);
+only the `naive` manager adds `num_turns` (verl/workers/reward_manager/naive.py, lines 84-85). So num_turns is 0,
+the bonus is -0.1 whatever the calls, and every wrong answer scores min(-0.6, -1 - 0.1) = -1.1. Had num_turns
+arrived (user + assistant turns + 1: verl/experimental/agent_loop/tool_agent_loop.py, line 223), k tool calls
+would give 2k + 2 turns, i.e. +0.1 per call: what `tool_call_shaping` computes, from the calls the executor
+actually ran (`rollout.Episode.counted_calls`), so emitting `<tool_call>` text that never runs earns nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+# The values of ShapingConfig.tool_call_count (the same names as rollout.episode.CALL_COUNTS; rewards does not
+# import rollout).
+TOOL_CALL_COUNTS = ("executed", "ok", "answered")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +35,9 @@ class ShapingConfig:
     overlong_penalty_factor: penalty at L_max (recipe: 1.0).
     tool_call_bonus: reward per tool call added to a WRONG response's score (recipe: 0.1); 0 disables.
     tool_call_cap: the shaped score of a wrong response never exceeds this (recipe: -0.6).
+    tool_call_count: which calls count (`rollout.episode.CALL_COUNTS`): 'executed' (default: programs the executor
+      ran, whatever their outcome), 'ok' (ran and exited 0), or 'answered' (every call answered, malformed and
+      skipped ones included: gameable, for comparison only).
   """
 
   max_response_tokens: int = 20480
@@ -28,6 +45,7 @@ class ShapingConfig:
   overlong_penalty_factor: float = 1.0
   tool_call_bonus: float = 0.1
   tool_call_cap: float = -0.6
+  tool_call_count: str = "executed"
 
   def __post_init__(self):
     if self.max_response_tokens < 1:
@@ -39,6 +57,9 @@ class ShapingConfig:
       raise ValueError(f"ShapingConfig.overlong_penalty_factor must be >= 0, got {self.overlong_penalty_factor}")
     if self.tool_call_bonus < 0:
       raise ValueError(f"ShapingConfig.tool_call_bonus must be >= 0, got {self.tool_call_bonus}")
+    if self.tool_call_count not in TOOL_CALL_COUNTS:
+      raise ValueError(f"ShapingConfig.tool_call_count must be one of {TOOL_CALL_COUNTS}, got "
+                       f"{self.tool_call_count!r}")
 
 
 def overlong_penalty(response_tokens, max_response_tokens: int = 20480, buffer_tokens: int = 4096,
@@ -69,14 +90,14 @@ def overlong_penalty(response_tokens, max_response_tokens: int = 20480, buffer_t
 def tool_call_shaping(score: float, n_tool_calls: int, bonus: float = 0.1, cap: float = -0.6) -> float:
   """The recipe's tool-call reward for WRONG responses: min(cap, score + bonus * n_tool_calls) when score < 0.
 
-  A wrong response that tried the tool scores a little higher than one that did not, but never above `cap`, so
-  it stays below any correct (or partially correct) response. Correct responses are unchanged. The reference
-  computes `n_tool_calls` from a value its reward manager never passes, so there the bonus is silently always
-  0; here it is the real number of tool calls of the response.
+  A wrong response that used the tool scores a little higher than one that did not, but never above `cap`, so
+  it stays below any correct (or partially correct) response. Correct responses are unchanged. In the reference
+  the bonus is a constant -0.1 (its reward manager never passes the turn count; see the module docstring); here
+  `n_tool_calls` is the number of calls the executor ran.
 
   Args:
     score: the outcome score.
-    n_tool_calls: tool calls the response made (negative values count as 0).
+    n_tool_calls: counted tool calls of the response (negative values count as 0).
     bonus: reward per call.
     cap: upper bound of a shaped wrong score.
   """

@@ -28,7 +28,8 @@ class Scored:
   Attributes:
     score: outcome score of the reward function (e.g. +1 / -1 for math in strict mode).
     acc: whether the answer was judged correct.
-    reward: the training reward: `score` after tool-call shaping and the overlong penalty.
+    reward: the training reward: `score` after tool-call shaping (executed calls, by default) and the overlong
+      penalty.
     overlong_penalty: the overlong part of `reward` (<= 0).
     truncated: the episode hit its response budget.
     pred: the extracted answer of each episode (for logs and majority voting).
@@ -81,8 +82,11 @@ def score_episodes(episodes: Sequence[Episode], records: Sequence[PromptRecord],
   penalty = np.asarray(rewards.shaping.overlong_penalty(lengths, shaping_cfg.max_response_tokens,
                                                         shaping_cfg.overlong_buffer_tokens,
                                                         shaping_cfg.overlong_penalty_factor), np.float32)
-  shaped = np.array([rewards.shaping.shape(r.score, n_tool_calls=e.num_tool_calls, response_tokens=e.response_len,
-                                           cfg=shaping_cfg) for r, e in zip(results, episodes)], np.float32)
+  # Only calls the executor ran count (ShapingConfig.tool_call_count): malformed or unrun <tool_call> text is free
+  # to emit and must not lift a wrong answer's reward.
+  shaped = np.array([rewards.shaping.shape(r.score, n_tool_calls=e.counted_calls(shaping_cfg.tool_call_count),
+                                           response_tokens=e.response_len, cfg=shaping_cfg)
+                     for r, e in zip(results, episodes)], np.float32)
   return Scored(score=score, acc=np.array([bool(r.acc) for r in results]), reward=shaped,
                 overlong_penalty=penalty, truncated=np.array([e.stop_reason == STOP_LENGTH for e in episodes]),
                 pred=[r.pred for r in results], info=[r.info for r in results], response_text=texts)

@@ -1,17 +1,23 @@
-"""The GRPO-TCR recipe of "Demystifying Reinforcement Learning in Agentic Reasoning" as config blocks.
+"""The recipe of "Demystifying Reinforcement Learning in Agentic Reasoning" as config blocks: GRPO-TCR RL
+(`rl_config`) and the SFT stage before it (`sft_config`).
 
-`configs/demystify_*.py` build on `rl_config()` and change the model; `configs/rl_toy.py` shrinks it. Every
-recipe constant lives here once, with its source:
+`configs/demystify_*.py` build on `rl_config()` and `configs/sft_*.py` on `sft_config()`, changing the model;
+`configs/rl_toy.py` shrinks the RL config. Every recipe constant lives here once; tests/test_recipe_constants.py
+holds each against the line of the reference script (Gen-Verse/Open-AgentRL, recipe/demystify/) it comes from:
 
   loss        token-mean, clip 0.2 / 0.28 (clip-higher), dual clip 10, KL 0, entropy coefficient 0
   optimizer   AdamW lr 1e-6 constant, weight decay 0.01, betas (0.9, 0.999), grad clip 1.0
   batch       64 prompts x 16 samples per step, mini-batch 16 prompts, 1 epoch per batch, 3 epochs of data
-  lengths     prompt <= 2560 tokens, response <= 20480 tokens (tool output included), <= 16 assistant turns
+  lengths     prompt <= 2560 tokens (eval: 4096), response <= 20480 tokens (tool output included), <= 16 turns
+  tool        code interpreter, 30 s and 2048 MB per call, one call per turn
   shaping     overlong buffer 4096 tokens with factor 1.0 (DAPO), counted in tokens
-  sampling    train T=1.0 top_p=1.0; validation n=32, T=1.0, top_p=0.6; test every 10 steps, save every 30
+  sampling    train T=1.0 top_p=1.0; validation n=32, T=1.0, top_p=0.6, 20 generations logged; test every 10
+              steps, save every 30
+  SFT         AdamW lr 1e-5, betas (0.9, 0.95), weight decay 0.01, 10% warmup then cosine, grad clip 1.0, batch
+              32, 5 epochs, 32768 tokens with right truncation, save every 62 steps
 
 Choices where the reference is silent or buggy (documented at the field): tool output kept to 2048 characters
-(the reference's 256 hides tracebacks), tool-call shaping applied with the real number of calls (the
+(the reference's 256 hides tracebacks), tool-call shaping applied with the number of executed calls (the
 reference's is silently constant), dynamic sampling available but off (the reference defines it and never
 applies it), malformed tool calls answered with an error the model can recover from.
 """
@@ -66,7 +72,7 @@ def rl_config(**model) -> ml_collections.ConfigDict:
       temperature=1.0, top_p=1.0, top_k=0))
   config.tools = ml_collections.ConfigDict(dict(
       backend="local",               # or "sandbox_fusion" with sandbox_fusion_url (the recipe's service)
-      sandbox_fusion_url="", timeout_s=10.0, memory_mb=1024, max_concurrency=0, allow_unsandboxed=False))
+      sandbox_fusion_url="", timeout_s=30.0, memory_mb=2048, max_concurrency=0, allow_unsandboxed=False))
   config.reward = ml_collections.ConfigDict(dict(
       math_mode="strict",            # the recipe's exact compare; "equiv" accepts LaTeX-equivalent answers
       overlong_buffer_tokens=4096, overlong_penalty_factor=1.0,
@@ -87,7 +93,7 @@ def rl_config(**model) -> ml_collections.ConfigDict:
   config.eval = ml_collections.ConfigDict(dict(
       sources=[],                    # e.g. recipe.eval_sources("/data/eval")
       every_steps=10, at_start=True, n=32, temperature=1.0, top_p=0.6, top_k=0, ks=[1, 8, 16, 32],
-      samples_to_log=16))
+      samples_to_log=20))
   config.checkpoint = ml_collections.ConfigDict(dict(every_steps=30, max_to_keep=3, async_save=True))
   config.log_every_steps = 1
   config.samples_every_steps = 10
@@ -97,7 +103,8 @@ def rl_config(**model) -> ml_collections.ConfigDict:
 
 
 def shrink_for_smoke(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The same experiment at CPU size: tiny model, the embedded arithmetic task, a few short steps."""
+  """The same experiment at CPU size: tiny model, the embedded arithmetic task, a few short steps (and tool limits
+  a CPU machine can afford)."""
   config.model.update(size="tiny_qwen3", hf_path="", checkpoint="", tokenizer_path="", param_dtype="float32",
                       dtype="float32", remat=False)
   config.mesh.num_devices = 1
@@ -124,6 +131,53 @@ def sampling_job_config(job: str, *, smoke: bool = False) -> ml_collections.Conf
     shrink_for_smoke(config)
     config.data.update(toy_problems=16, toy_levels=[1, 2, 3])
     config.rollout.update(max_response_len=128, max_turns=3)
+  return config
+
+
+def sft_config(**model) -> ml_collections.ConfigDict:
+  """The recipe's SFT stage (verl `fsdp_sft_trainer` with recipe/demystify/qwen*_sft.sh); `model` fields go to
+  the model block (its size and tokenizer come from `hf_path` when set)."""
+  config = ml_collections.ConfigDict()
+  config.job = "sft"
+  config.seed = 0
+  config.model = loading.model_block(**{"size": "qwen3_4b", "hf_path": "", "tokenizer_path": "",
+                                        "param_dtype": "float32", "dtype": "bfloat16", "remat": True, **model})
+  config.data = ml_collections.ConfigDict(dict(
+      path="",                  # the recipe's SFT parquet (`messages`, `tools`) or JSONL
+      data_dir="",              # built ArrayRecord datasets; default WORKDIR/tfds
+      skip_malformed_rows=True,  # rows that do not fit the schema are skipped and counted at build
+      shuffle=True,
+      toy_conversations=0,      # > 0 and no path: generate this many tiny tool-use conversations
+      toy_malformed=0,          # ... plus this many malformed ones (exercise the skip path)
+      toy_tools=True,           # ... with the tool schema in the system turn
+  ))
+  config.sft = ml_collections.ConfigDict(dict(
+      batch_size=32,
+      num_epochs=5,
+      max_seq_len=32768,        # packed row length (the reference's data.max_length)
+      truncation="right",       # longer conversations keep their first max_seq_len tokens; "skip" drops them
+      micro_batch_rows=8,       # rows per micro-batch; a multiple of the data-parallel devices
+      warmup_ratio=0.1,
+      logits_chunk_size=1024,
+  ))
+  config.optimizer = ml_collections.ConfigDict(dict(
+      learning_rate=1e-5, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01, grad_clip=1.0, min_lr_ratio=0.0))
+  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=0))  # 0: all
+  config.checkpoint = ml_collections.ConfigDict(dict(every_steps=62, max_to_keep=3, async_save=True))
+  config.log_every_steps = 10
+  config.wandb_project = ""     # log to W&B too when set and wandb is installed
+  config.export_hf = True       # write the final params as a HF directory to WORKDIR/hf
+  return config
+
+
+def shrink_sft_for_smoke(config: ml_collections.ConfigDict, size: str = "tiny_qwen3") -> ml_collections.ConfigDict:
+  """The SFT stage at CPU size: a tiny random model and tiny conversations generated locally, under a minute."""
+  config.model.update(size=size, hf_path="", tokenizer_path="", param_dtype="float32", dtype="float32", remat=False)
+  config.data.update(toy_conversations=24, toy_malformed=2)
+  config.sft.update(batch_size=8, num_epochs=2, max_seq_len=512, micro_batch_rows=2, logits_chunk_size=None)
+  config.optimizer.learning_rate = 1e-3
+  config.checkpoint.update(every_steps=2, max_to_keep=2, async_save=False)
+  config.log_every_steps = 1
   return config
 
 

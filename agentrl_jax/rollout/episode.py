@@ -16,6 +16,13 @@ STOP_TURNS = "max_turns"  # the last allowed turn ended with a tool call
 STOP_FAILED_CALL = "failed_call"  # a malformed call with `end_on_failed_call`
 STOP_REASONS = (STOP_END, STOP_LENGTH, STOP_TURNS, STOP_FAILED_CALL)
 
+# CallInfo.status values of calls whose program the executor ran (whatever its outcome). Not counted: malformed,
+# skipped and not_run calls (never submitted) and sandbox_error (the sandbox failed; the program may not have run).
+EXECUTED_STATUSES = ("ok", "error", "timeout", "memory", "killed")
+# Which calls `Episode.counted_calls` counts: executed (default), ok (executed and exited 0), answered (every call
+# the model was answered for, malformed and skipped ones included: the count before tool shaping was hardened).
+CALL_COUNTS = ("executed", "ok", "answered")
+
 
 @dataclasses.dataclass
 class CallInfo:
@@ -39,6 +46,11 @@ class CallInfo:
   @property
   def failed(self) -> bool:
     return self.status != "ok"
+
+  @property
+  def executed(self) -> bool:
+    """The executor ran this call's program (see `EXECUTED_STATUSES`)."""
+    return self.status in EXECUTED_STATUSES
 
 
 @dataclasses.dataclass
@@ -65,7 +77,7 @@ class Episode:
     logp_raw: `[R]` log-probs of drawn tokens under the policy at temperature 1 (0 on tool tokens).
     logp_sample: `[R]` log-probs under the sampling distribution (0 on tool tokens).
     num_tool_calls: tool calls answered (malformed and skipped ones included; the calls of a turn that ended the
-      episode unanswered, at max_turns, are not counted).
+      episode unanswered, at max_turns, are not counted). Tool-call shaping counts `num_executed_calls` instead.
     num_failed_calls: calls that were malformed, skipped, or whose execution did not end with status "ok".
     num_malformed_calls: calls that could not be parsed or named an unknown tool / lacked arguments.
     stop_reason: one of `STOP_REASONS`.
@@ -95,6 +107,26 @@ class Episode:
   def response_len(self) -> int:
     return int(self.response_ids.shape[0])
 
+  @property
+  def num_executed_calls(self) -> int:
+    """Calls whose program the executor ran: what tool-call shaping rewards (a malformed, skipped or unrun
+    `<tool_call>` costs nothing to emit, so it must not raise a reward)."""
+    return sum(c.executed for t in self.turns for c in t.calls)
+
+  def counted_calls(self, which: str = "executed") -> int:
+    """Tool calls counted as `which` (one of `CALL_COUNTS`).
+
+    Raises:
+      ValueError: unknown `which`.
+    """
+    if which == "executed":
+      return self.num_executed_calls
+    if which == "ok":
+      return sum(c.status == "ok" for t in self.turns for c in t.calls)
+    if which == "answered":
+      return self.num_tool_calls
+    raise ValueError(f"counted_calls: which must be one of {CALL_COUNTS}, got {which!r}")
+
 
 def collate(episodes: Sequence[Episode], *, pad_id: int = 0, prompt_bucket_min: int = 64,
             response_bucket_min: int = 64, max_prompt_len: int | None = None, max_response_len: int | None = None,
@@ -109,7 +141,8 @@ def collate(episodes: Sequence[Episode], *, pad_id: int = 0, prompt_bucket_min: 
       prompt_ids [Bp, P], prompt_lens [Bp]; response_ids, loss_mask (float32), response_mask (1 on every
       response token, tool tokens included), logp_raw, logp_sample [Bp, R]; response_lens [Bp];
       input_ids [Bp, T]: prompt then response, contiguous, right-padded (row b's response starts at
-      prompt_lens[b]); num_tool_calls, num_failed_calls, num_turns [Bp]; valid [Bp] (0 on padding rows).
+      prompt_lens[b]); num_tool_calls, num_executed_calls, num_failed_calls, num_turns [Bp]; valid [Bp] (0 on
+      padding rows).
   """
   if not episodes:
     raise ValueError("collate: no episodes")
@@ -124,6 +157,7 @@ def collate(episodes: Sequence[Episode], *, pad_id: int = 0, prompt_bucket_min: 
       "response_mask": np.zeros((b, r), np.float32), "logp_raw": np.zeros((b, r), np.float32),
       "logp_sample": np.zeros((b, r), np.float32), "response_lens": np.zeros((b,), np.int32),
       "input_ids": np.full((b, p + r), pad_id, np.int32), "num_tool_calls": np.zeros((b,), np.int32),
+      "num_executed_calls": np.zeros((b,), np.int32),
       "num_failed_calls": np.zeros((b,), np.int32), "num_turns": np.zeros((b,), np.int32),
       "valid": np.zeros((b,), np.float32),
   }
@@ -140,6 +174,7 @@ def collate(episodes: Sequence[Episode], *, pad_id: int = 0, prompt_bucket_min: 
     out["input_ids"][i, :pl] = e.prompt_ids
     out["input_ids"][i, pl:pl + rl] = e.response_ids
     out["num_tool_calls"][i] = e.num_tool_calls
+    out["num_executed_calls"][i] = e.num_executed_calls
     out["num_failed_calls"][i] = e.num_failed_calls
     out["num_turns"][i] = e.num_turns
     out["valid"][i] = 1

@@ -161,3 +161,23 @@ def encode_conversation(tokenizer, messages: Sequence[dict[str, Any]],
   if max_tokens is not None and len(ids) > max_tokens:
     raise MalformedConversation(f"{len(ids)} tokens, more than max_seq_len={max_tokens}")
   return EncodedConversation(np.asarray(ids, np.int32), np.asarray(mask, bool), index)
+
+
+TRUNCATIONS = ("right", "left")
+
+
+def truncate(conv: EncodedConversation, max_tokens: int, side: str = "right") -> EncodedConversation:
+  """The first (`right`: the end is cut) or last (`left`) `max_tokens` tokens with their mask, as verl's
+  multi-turn SFT dataset truncates (`data.truncation`); a conversation that fits is returned as is.
+
+  Raises:
+    ValueError: unknown `side` or `max_tokens` < 1.
+  """
+  if side not in TRUNCATIONS:
+    raise ValueError(f"truncate: side must be one of {TRUNCATIONS}, got {side!r}")
+  if max_tokens < 1:
+    raise ValueError(f"truncate: max_tokens must be >= 1, got {max_tokens}")
+  if len(conv) <= max_tokens:
+    return conv
+  keep = slice(0, max_tokens) if side == "right" else slice(len(conv) - max_tokens, len(conv))
+  return EncodedConversation(conv.tokens[keep], conv.loss_mask[keep], conv.index)

@@ -30,6 +30,8 @@ from agentrl_jax.rl import logprobs
 from agentrl_jax.rl.update import OptimizerConfig, TrainState
 from agentrl_jax.sft import masking, packing
 
+TRUNCATIONS = masking.TRUNCATIONS + ("skip",)
+
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
@@ -38,7 +40,9 @@ class SFTConfig:
   Attributes:
     batch_size: conversations per optimizer step (the recipe: 32).
     num_epochs: passes over the data (the recipe: 5).
-    max_seq_len: T, slots of a packed row; longer conversations are skipped and counted.
+    max_seq_len: T, slots of a packed row (the recipe: 32768).
+    truncation: a longer conversation keeps its first T tokens ('right', the recipe's `data.truncation=right`) or
+      its last ('left'), or is skipped and counted ('skip'). One left with no trained token is skipped.
     micro_batch_rows: packed rows per micro-batch (a multiple of the data-parallel devices is best).
     warmup_ratio: linear warmup as a fraction of all steps (the recipe: 0.1), then cosine decay.
     logits_chunk_size: T-chunk of the fused LM head + log-softmax; None computes [R, T, V] at once.
@@ -46,7 +50,8 @@ class SFTConfig:
 
   batch_size: int = 32
   num_epochs: int = 5
-  max_seq_len: int = 16384
+  max_seq_len: int = 32768
+  truncation: str = "right"
   micro_batch_rows: int = 1
   warmup_ratio: float = 0.1
   logits_chunk_size: int | None = 1024
@@ -56,6 +61,8 @@ class SFTConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"SFTConfig.{name} must be an int >= 1, got {value!r}")
+    if self.truncation not in TRUNCATIONS:
+      raise ValueError(f"SFTConfig.truncation must be one of {TRUNCATIONS}, got {self.truncation!r}")
     if not 0.0 <= self.warmup_ratio < 1.0:
       raise ValueError(f"SFTConfig.warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
     if self.logits_chunk_size is not None and (self.logits_chunk_size < 1
@@ -77,29 +84,41 @@ class StepData(NamedTuple):
 
   Attributes:
     packed: the packed batch.
-    encoded: the conversations that made it in.
+    encoded: the conversations that made it in (truncated ones cut to `max_seq_len`).
     skipped: `(row_index, reason)` of the conversations that did not.
+    truncated: row indices of the conversations that were cut to `max_seq_len`.
   """
 
   packed: packing.PackedBatch | None
   encoded: list[masking.EncodedConversation]
   skipped: list[tuple[int, str]]
+  truncated: tuple[int, ...] = ()
 
 
 def encode_batch(tokenizer, conversations: Sequence[Any], cfg: SFTConfig) -> StepData:
-  """Renders, masks and packs one batch of `data.Conversation`s; malformed ones are skipped, not raised."""
-  encoded, skipped = [], []
+  """Renders, masks, truncates (`cfg.truncation`) and packs one batch of `data.Conversation`s; malformed ones are
+  skipped, not raised."""
+  encoded, skipped, truncated = [], [], []
+  limit = cfg.max_seq_len if cfg.truncation == "skip" else None
   for conv in conversations:
     try:
-      encoded.append(masking.encode_conversation(tokenizer, conv.messages, conv.tools, max_tokens=cfg.max_seq_len,
-                                                 index=conv.index))
+      enc = masking.encode_conversation(tokenizer, conv.messages, conv.tools, max_tokens=limit, index=conv.index)
     except masking.MalformedConversation as e:
       skipped.append((conv.index, str(e)))
+      continue
+    if len(enc) > cfg.max_seq_len:
+      enc = masking.truncate(enc, cfg.max_seq_len, cfg.truncation)
+      if not enc.num_trained:
+        skipped.append((conv.index, f"no assistant token in the {cfg.max_seq_len} tokens kept by "
+                                    f"truncation={cfg.truncation!r}"))
+        continue
+      truncated.append(conv.index)
+    encoded.append(enc)
   packed = None
   if encoded:
     packed = packing.pack(encoded, seq_len=cfg.max_seq_len, micro_rows=cfg.micro_batch_rows,
                           max_rows=cfg.batch_size)
-  return StepData(packed, encoded, skipped)
+  return StepData(packed, encoded, skipped, tuple(truncated))
 
 
 def batch_sharding(mesh: Mesh, micro_rows: int, seq_len: int) -> NamedSharding:

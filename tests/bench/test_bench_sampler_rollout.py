@@ -1,13 +1,20 @@
 """Smoke runs of the sampler and rollout benchmarks at a tiny size (~10 s each; the real runs are in their
-docstrings). The sampler smoke includes Tunix when .venv-tunix exists."""
+docstrings): the numbers they print must be consistent with each other and with what the run did. The Tunix side
+has its own test, skipped (with the reason) where .venv-tunix is missing."""
 
 import contextlib
 import io
 import json
 
+import pytest
+
 from agentrl_jax.bench import common
 from agentrl_jax.bench import rollout as bench_rollout
 from agentrl_jax.bench import sampler as bench_sampler
+from agentrl_jax.models.config import ModelConfig
+
+SAMPLER_ARGV = ["--sizes", "tiny_qwen3", "--new-tokens", "8", "--prompt-len", "8", "--batch", "4", "--segment-len",
+                "8", "--rounds", "1", "--repeats", "1", "--matmul-n", "256", "--mem-mb", "32"]
 
 
 def _json_lines(main, argv):
@@ -17,16 +24,33 @@ def _json_lines(main, argv):
   return [json.loads(line) for line in out.getvalue().splitlines() if line.startswith("{")]
 
 
-def test_sampler_bench_smoke():
-  argv = ["--sizes", "tiny_qwen3", "--new-tokens", "8", "--prompt-len", "8", "--batch", "4", "--segment-len", "8",
-          "--rounds", "1", "--repeats", "1", "--matmul-n", "256", "--mem-mb", "32"]
-  if common.tunix_python() is None:
-    argv.append("--no-tunix")
-  (line,) = _json_lines(bench_sampler.main, argv)
+def _check_sampler_line(line):
   assert line["bench"] == "sampler" and line["size"] == "tiny_qwen3"
-  for key in ("ours_tok_s", "hf_tok_s", "roofline_frac", "xla_step_floor_ms", "roofline_frac_at_step_floor"):
-    assert line[key] > 0, key
-  assert line["tunix_tok_s"] is None or line["tunix_tok_s"] > 0
+  assert line["params"] == ModelConfig.tiny_qwen3().param_count()
+  assert (line["batch"], line["prompt_len"], line["new_tokens"], line["rounds"]) == (4, 8, 8, 1)
+  # One round: throughput, step time and the ratios are the same measurements, so they must agree.
+  assert line["ours_tok_s"] == pytest.approx(line["batch"] / (line["ours_step_ms"] / 1e3), rel=1e-9)
+  assert line["roofline_frac"] == pytest.approx(line["ideal_step_ms"] / line["ours_step_ms"], rel=1e-9)
+  assert line["roofline_frac_at_step_floor"] == pytest.approx(line["ideal_step_ms"] / line["xla_step_floor_ms"])
+  assert line["speedup_hf"] == pytest.approx(line["ours_tok_s"] / line["hf_tok_s"], rel=1e-9)
+  assert line["ideal_step_ms"] > 0 and line["xla_step_floor_ms"] > 0 and line["hf_threads"] >= 1
+  # The sampler compiles a bounded number of functions (prefill and decode), not one per step or row.
+  assert 1 <= line["traces"] <= 3
+
+
+def test_sampler_bench_smoke():
+  (line,) = _json_lines(bench_sampler.main, SAMPLER_ARGV + ["--no-tunix"])
+  _check_sampler_line(line)
+  assert line["tunix_tok_s"] is None
+
+
+@pytest.mark.skipif(common.tunix_python() is None, reason=f"{common.TUNIX_VENV} is missing: the Tunix side of the "
+                    f"sampler benchmark needs it (pip install -r {common.TUNIX_REQUIREMENTS})")
+def test_sampler_bench_smoke_with_tunix():
+  (line,) = _json_lines(bench_sampler.main, SAMPLER_ARGV)
+  _check_sampler_line(line)
+  assert line["tunix_tok_s"] > 0
+  assert line["speedup_tunix"] == pytest.approx(line["ours_tok_s"] / line["tunix_tok_s"], rel=1e-9)
 
 
 def test_sampler_ideal_counts_the_bytes_a_step_reads():
@@ -47,6 +71,15 @@ def test_rollout_bench_smoke():
   (line,) = _json_lines(bench_rollout.main, argv)
   assert line["bench"] == "rollout" and line["episodes"] == 4
   assert line["transcripts_match"]
+  # Every scripted episode made its tool calls and ended its last turn itself.
+  assert line["num_tool_calls"] == line["episodes"] * line["tool_turns"] and line["stop_reasons"] == ["end"]
+  # Each token is prefilled once (the re-prefill loop prefills every turn again); padding only adds slots.
   assert line["prefilled_tokens"] == line["expected_prefill_tokens"]
   assert line["reprefill_prefilled_tokens"] > line["prefilled_tokens"]
-  assert line["ours_episodes_s"] > 0 and line["reprefill_episodes_s"] > 0
+  assert line["ours_padded_prefill_tokens"] >= line["prefilled_tokens"]
+  assert line["reprefill_padded_prefill_tokens"] >= line["reprefill_prefilled_tokens"]
+  # Timed rounds reuse the warm-up's compiled functions.
+  assert line["traces_in_rounds"] == 0
+  mode = line["default_mode"]
+  assert line["ours_episodes_s"] == line[f"{mode}_episodes_s"]
+  assert line["speedup"] == pytest.approx(line["ours_episodes_s"] / line["reprefill_episodes_s"], rel=1e-9)

@@ -14,15 +14,28 @@ TINY = ["--model", "bench_5m", "--batch", "2", "--seq", "64", "--chunk", "32", "
         "--matmul-n", "256", "--matmul-repeats", "2"]
 
 
+# bench_5m by hand: hidden 256, 4 layers, 4 heads x 64 (q, o: 256 x 256), 2 KV heads x 64 (k, v: 256 x 128),
+# MLP 256 -> 768 (gate, up, down), untied vocabulary 4096 (the LM head 256 x 4096 counts, the input table not).
+_PER_LAYER = 2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 768             # 786,432
+_MATMUL_PARAMS = 4 * _PER_LAYER + 256 * 4096                           # 4,194,304
+_PARAMS = _MATMUL_PARAMS + 4096 * 256 + 4 * (2 * 256 + 2 * 64) + 256   # + input table, norms: 5,245,696
+# PaLM's convention per token: 6 N + 12 L n_heads head_dim T, at T = 64.
+_FLOPS_PER_TOKEN = 6 * _MATMUL_PARAMS + 12 * 4 * 4 * 64 * 64           # 25,952,256
+
+
 def test_bench_update_prints_one_json_line_without_tunix(capsys):
     bench_update.main(TINY + ["--no-tunix"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1
     out = json.loads(lines[0])
     assert out["bench"] == "update" and out["tunix_tok_s"] is None
-    assert out["tok_s"] > 0 and 0 < out["mfu"] and out["peak_gflops"] > 0
-    assert out["flops_per_token"] == common.train_flops_per_token(
-        bench_update.ModelConfig.bench_5m(), 64)
+    assert (out["batch"], out["seq"], out["params"]) == (2, 64, _PARAMS)
+    assert out["flops_per_token"] == _FLOPS_PER_TOKEN == 25_952_256
+    # The reported rates are one measurement seen three ways: they must agree.
+    assert out["achieved_gflops"] == pytest.approx(out["tok_s"] * _FLOPS_PER_TOKEN / 1e9, rel=1e-9)
+    assert out["mfu"] == pytest.approx(out["achieved_gflops"] / out["peak_gflops"], rel=1e-9)
+    assert out["peak_gflops"] >= out["peak_gflops_median"] > 0  # the peak is the best matmul of the run
+    assert out["tok_s"] >= out["tok_s_median"] > 0               # best-of-run >= median
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import pytest
 from agentrl_jax import testing
 from agentrl_jax.evaluation import runner
 
+
 def test_eval_job_on_real_aime2024(tmp_path):
   config = testing.load_config("eval_demystify", "aime2024")
   path = config.eval.sources[0]["path"]
@@ -18,10 +19,20 @@ def test_eval_job_on_real_aime2024(tmp_path):
   metrics = runner.run(config, str(tmp_path))
   assert metrics["AIME2024/n_problems"] + metrics["eval/skipped_prompts"] == 6
   assert metrics["AIME2024/n_samples"] == 2 * metrics["AIME2024/n_problems"]
-  for key in ("AIME2024/avg@2", "AIME2024/pass@2", "AIME2024/pass@1", "all/tool_calls_mean"):
-    assert key in metrics and 0.0 <= metrics[key] <= max(1.0, metrics[key])
   rows = [json.loads(line) for line in open(tmp_path / "eval_rollouts.jsonl")]
   assert len(rows) == metrics["AIME2024/n_samples"]
+  # The metrics are those of the written rows: avg@2 and (unbiased) pass@1 are the mean accuracy, pass@2 the
+  # share of problems with a correct sample, tool calls the mean per row.
+  by_problem: dict[int, list[bool]] = {}
+  for row in rows:
+    by_problem.setdefault(row["index"], []).append(row["acc"])
+  assert sorted(len(accs) for accs in by_problem.values()) == [2] * len(by_problem)
+  mean_acc = sum(row["acc"] for row in rows) / len(rows)
+  assert metrics["AIME2024/avg@2"] == pytest.approx(mean_acc)
+  assert metrics["AIME2024/pass@1"] == pytest.approx(mean_acc)
+  assert metrics["AIME2024/pass@2"] == pytest.approx(sum(any(a) for a in by_problem.values()) / len(by_problem))
+  assert 0.0 <= metrics["AIME2024/avg@2"] <= metrics["AIME2024/pass@2"] <= 1.0
+  assert metrics["all/tool_calls_mean"] == pytest.approx(sum(row["num_tool_calls"] for row in rows) / len(rows))
   first = rows[0]
   assert first["data_source"] == "AIME2024" and first["ground_truth"].isdigit()
   assert "Every morning Aya" in first["transcript"]  # the real first problem of AIME 2024 I

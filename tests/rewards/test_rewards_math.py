@@ -1,7 +1,11 @@
-"""Math reward: boxed-answer extraction, strict and equivalence modes, bounded time on hostile input."""
+"""Math reward: boxed-answer extraction, strict and equivalence modes, bounded time on hostile input.
+
+The labelled cases per class (sets, several boxes, labels, relations, units, numbers, matrices, false accepts)
+are in `math_cases.py`; `measure_math_verifiers.py` reports the agreement of a checker with them."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import hypothesis
@@ -11,13 +15,10 @@ from hypothesis import strategies as st
 from agentrl_jax.rewards import latex
 from agentrl_jax.rewards import math as math_reward
 from agentrl_jax.rewards import multiple_choice
+from tests.rewards.math_cases import CLASSES, boxed
 
 TIME_BOUND_S = 2.0
 PROPERTY = hypothesis.settings(max_examples=300, deadline=None, derandomize=True)
-
-
-def boxed(answer: str) -> str:
-  return f"Let me think... the computation gives the result.\n\nFinal answer: \\boxed{{{answer}}}."
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -49,7 +50,7 @@ EQUIVALENT = [
     ("\u22123", "-3"), ("\\displaystyle\\frac{1}{2}", "0.5"), ("\\mathbf{7}", "7"), ("(2, 3)", "2, 3"),
 ]
 NOT_EQUIVALENT = [
-    ("0.333", "\\frac{1}{3}"), ("[1, 2)", "(1, 2)"), ("(1, 2)", "(2, 1)"), ("\\pi", "3.14159"), ("2x", "2y"),
+    ("0.333", "\\frac{1}{3}"), ("[1, 2)", "(1, 2)"), ("(1, 2)", "(2, 1)"), ("\\pi", "3.1416"), ("2x", "2y"),
     ("12", "13"), ("x=5", "6"), ("", "0"), ("1", ""), ("\\frac{1}{0}", "1"), ("10^{10^{10^{10}}}", "1"),
     ("\\sqrt{2}", "1.414"), ("\\{1, 2\\}", "\\{1, 2, 3\\}"),
 ]
@@ -68,13 +69,59 @@ def test_not_equivalent(pred, truth):
   assert (r.score, r.acc) == (-1.0, False)
 
 
+CLASS_CASES = [(cls, *case) for cls, cases in CLASSES.items() for case in cases]
+
+
+@pytest.mark.parametrize("cls, response, truth, expected", CLASS_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CLASS_CASES)])
+def test_answer_classes(cls, response, truth, expected):
+  r = math_reward.score(response, truth)
+  assert r.acc == expected, (cls, r.pred, truth)
+  assert r.score == (1.0 if expected else -1.0)
+
+
+def test_several_boxes_join_only_across_separators():
+  assert math_reward.boxed_answers("\\boxed{(2,2)} \\text{ and } \\boxed{(6,2)}") == ["(2,2)", "(6,2)"]
+  assert math_reward.boxed_answers("$\\boxed{1}$, $\\boxed{2}$ or \\boxed{3}") == ["1", "2", "3"]
+  assert math_reward.boxed_answers("\\boxed{1} is wrong, so \\boxed{2}") == ["2"]
+  assert math_reward.boxed_answers("\\boxed{\\boxed{5}}") == ["5"]                 # nested: the inner box
+  assert math_reward.boxed_answers("no box") == [] and math_reward.boxed_answers(None) == []
+  assert len(math_reward.boxed_answers("\\boxed{1} " * 100)) == math_reward.MAX_JOINED_BOXES
+  assert math_reward.score("\\boxed{3} or \\boxed{5}", "5").pred == "3, 5"         # a hedge is a list
+
+
+def test_thousands_and_decimal_commas_depend_on_the_ground_truth():
+  # A thousands separator: exactly three digits after every comma, no space, and a ground truth with no list.
+  assert latex.equivalent("32,349", "32349") and latex.equivalent("7,425,000", "7425000")
+  assert not latex.equivalent("32, 349", "32349") and not latex.equivalent("32,3490", "323490")
+  assert latex.equivalent("32,349", "32, 349") and not latex.equivalent("32349", "32, 349")
+  assert latex.equivalent("10,\\!000", "10000") and latex.equivalent("1\\,000", "1000")
+  # A decimal comma in the prediction, again only against a single value.
+  assert latex.equivalent("3,14", "3.14") and not latex.equivalent("3,14", "3.14, 1")
+  assert not latex.equivalent("(1,5)", "1.5")                                          # inside brackets: a tuple
+
+
 def test_strict_mode_is_the_recipe_exact_compare():
   assert math_reward.score(boxed("42"), "42", mode="strict") == math_reward.RewardResult(1.0, True, "42")
-  assert math_reward.score(boxed(" 42 "), "42", mode="strict").acc
+  assert not math_reward.score(boxed(" 42 "), "42", mode="strict").acc          # exact: `extracted_pred == gt`
   assert not math_reward.score(boxed("\\frac{1}{2}"), "0.5", mode="strict").acc
   assert math_reward.score(boxed("\\frac{1}{2}"), "0.5", mode="equiv").acc
   with pytest.raises(ValueError, match="mode"):
     math_reward.score("x", "1", mode="fuzzy")
+
+
+def test_strict_mode_reads_the_reference_window():
+  """The reference searches the last 100 characters only (verl math_dapo.py:211), after its decode has dropped
+  control tokens; a later `\\boxed{` wins even when it is unterminated."""
+  near_end = "x" * 500 + "\\boxed{7}" + "y" * 85
+  assert math_reward.score(near_end, "7", mode="strict").acc
+  too_early = "\\boxed{7}" + "y" * 95
+  r = math_reward.score(too_early, "7", mode="strict")
+  assert not r.acc and "last 100 characters" in r.info
+  assert math_reward.score(too_early, "7", mode="equiv").acc                    # equiv reads the whole response
+  assert math_reward.score("\\boxed{7}" + "y" * 80 + "<|im_end|>" * 3, "7", mode="strict").acc
+  assert not math_reward.score("\\boxed{7} and \\boxed{8", "7", mode="strict").acc  # the last box is unterminated
+  assert math_reward.score("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}", mode="strict").acc
 
 
 def test_no_box_is_wrong_and_tool_output_is_not_an_answer():
@@ -142,6 +189,8 @@ def test_math_reward_never_raises_and_is_bounded(response, truth):
 @PROPERTY
 @hypothesis.given(LATEXISH, LATEXISH)
 def test_equivalence_is_symmetric_and_reflexive_on_parsable_answers(a, b):
-  assert latex.equivalent(a, b) == latex.equivalent(b, a)
+  # Only the comma readings depend on which side is the ground truth (see `latex`): "3,14" vs "3.14".
+  if not re.search(r"\d,\d", a + b):
+    assert latex.equivalent(a, b) == latex.equivalent(b, a)
   if latex.normalize(a):
     assert latex.equivalent(a, a)

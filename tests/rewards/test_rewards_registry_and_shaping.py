@@ -82,6 +82,24 @@ def test_tool_call_shaping_recipe_values():
   assert len({shaping.tool_call_shaping(-1.0, n) for n in range(5)}) == 5
 
 
+def _reference_compute_score_shaping(score: float, extra_info: dict) -> float:
+  """recipe/demystify/reward.py, lines 172-175 of Gen-Verse/Open-AgentRL, verbatim in effect."""
+  num_turns = int(extra_info.get("num_turns", 0))
+  if score < 0:
+    tool_call_reward = (num_turns - 2) / 2 * 0.1
+    score = float(min(-0.6, score + tool_call_reward))
+  return score
+
+
+def test_reference_tool_bonus_is_a_constant_and_ours_is_its_intent():
+  # The dapo reward manager passes the row's extra_info without num_turns: every wrong answer gets -1.1.
+  assert [_reference_compute_score_shaping(-1.0, {"index": i}) for i in range(5)] == pytest.approx([-1.1] * 5)
+  # Had num_turns (user + assistant turns + 1 = 2k + 2 for k calls) arrived, it is 0.1 per call, capped: ours.
+  for k in range(8):
+    assert shaping.tool_call_shaping(-1.0, k) == pytest.approx(
+        _reference_compute_score_shaping(-1.0, {"num_turns": 2 * k + 2}))
+
+
 def test_shape_composes_tool_shaping_then_overlong():
   cfg = rewards.ShapingConfig()
   assert shaping.shape(-1.0, n_tool_calls=2, response_tokens=18432, cfg=cfg) == pytest.approx(-1.3)

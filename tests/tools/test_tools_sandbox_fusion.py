@@ -166,3 +166,134 @@ def test_code_reward_through_sandbox_fusion(server):
                                  tests, executor=executor)
   assert (good.score, good.acc) == (1.0, True)
   assert (half.score, half.acc) == (0.5, False)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Recorded bodies: the client against responses in SandboxFusion's documented JSON schema, replayed verbatim (no
+# sandbox behind them, so these run on any machine). The schema: RunCodeRequest / RunCodeResponse in
+# sandbox/server/sandbox_api.py:40-66, CommandRunResult in sandbox/runners/types.py:21-32 of bytedance/SandboxFusion;
+# `status` is Failed for a non-zero exit or a time limit and SandboxError for a runner Error (parse_run_status).
+# ---------------------------------------------------------------------------------------------------------------
+
+_RUN_CODE_REQUEST_FIELDS = {"compile_timeout", "run_timeout", "memory_limit_MB", "code", "stdin", "language", "files",
+                            "fetch_files"}
+
+
+def _response(status, run_result, message="", compile_result=None):
+  return json.dumps({"status": status, "message": message, "compile_result": compile_result,
+                     "run_result": run_result, "executor_pod_name": None, "files": {}})
+
+
+RECORDED = {
+    # The docs' own sample output (docs/docs/docs/get-started.mdx), byte for byte.
+    'print("Hello, world!")': '{\n  "status": "Success",\n  "message": "",\n  "compile_result": null,\n'
+                              '  "run_result": {\n    "status": "Finished",\n    "execution_time": 0.016735315322875977,'
+                              '\n    "return_code": 0,\n    "stdout": "Hello, world!\\n",\n    "stderr": ""\n  },\n'
+                              '  "executor_pod_name": null,\n  "files": {}\n}',
+    "1/0": _response("Failed", {"status": "Finished", "execution_time": 0.021, "return_code": 1, "stdout": "",
+                                "stderr": "Traceback (most recent call last):\n  File \"/tmp/tmpq1/tmp.py\", line 1, "
+                                          "in <module>\n    1/0\nZeroDivisionError: division by zero\n"}),
+    "import time\nprint('tick')\ntime.sleep(99)": _response(
+        "Failed", {"status": "TimeLimitExceeded", "execution_time": 30.002, "return_code": None, "stdout": "tick\n",
+                   "stderr": ""}),
+    "x = bytearray(8 * 1024 ** 3)": _response(
+        "Failed", {"status": "Finished", "execution_time": 0.05, "return_code": 1, "stdout": "",
+                   "stderr": "Traceback (most recent call last):\n  File \"/tmp/tmpq2/tmp.py\", line 1, in <module>\n"
+                             "MemoryError\n"}),
+    "import os\nos.kill(os.getpid(), 9)": _response(
+        "Failed", {"status": "Finished", "execution_time": 0.03, "return_code": -9, "stdout": None, "stderr": None}),
+    "print(input()[::-1])": _response("Success", {"status": "Finished", "execution_time": 0.02, "return_code": 0,
+                                                  "stdout": "cba\n", "stderr": None}),
+    "import sys": _response(
+        "SandboxError", {"status": "Error", "execution_time": None, "return_code": None, "stdout": None,
+                         "stderr": "exception on running command python /tmp/tmpq3/tmp.py: [Errno 24] Too many open "
+                                   "files | None"},
+        message="exception on running command python /tmp/tmpq3/tmp.py: [Errno 24] Too many open files | None"),
+    "pass": _response("SandboxError", None, message="exception on running code pass: runner crashed None"),
+}
+
+
+class RecordedServer(http.server.ThreadingHTTPServer):
+  """Answers `/run_code` with the recorded body for the request's code; keeps every request body as sent."""
+
+  daemon_threads = True
+
+  def __init__(self):
+    super().__init__(("127.0.0.1", 0), _RecordedHandler)
+    self.requests: list[tuple[dict, str]] = []  # (body, Content-Type)
+    self.lock = threading.Lock()
+
+  @property
+  def url(self) -> str:
+    return f"http://127.0.0.1:{self.server_address[1]}/run_code"
+
+
+class _RecordedHandler(http.server.BaseHTTPRequestHandler):
+  server: RecordedServer
+
+  def log_message(self, *args):
+    pass
+
+  def do_POST(self):  # pylint: disable=invalid-name
+    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    with self.server.lock:
+      self.server.requests.append((body, self.headers.get("Content-Type", "")))
+    data = RECORDED.get(body.get("code"))
+    status = 200 if data is not None else 422
+    data = (data if data is not None else '{"detail": [{"msg": "unrecorded request"}]}').encode()
+    self.send_response(status)
+    self.send_header("Content-Type", "application/json")
+    self.send_header("Content-Length", str(len(data)))
+    self.end_headers()
+    self.wfile.write(data)
+
+
+@pytest.fixture
+def recorded():
+  srv = RecordedServer()
+  thread = threading.Thread(target=srv.serve_forever, daemon=True)
+  thread.start()
+  yield srv
+  srv.shutdown()
+  srv.server_close()
+
+
+def test_recorded_responses_map_to_results(recorded):
+  """The recipe's tool limits (30 s, 2048 MB) go out in a RunCodeRequest; each documented response maps to the
+  status the local sandbox would report."""
+  cfg = fusion_cfg(recorded.url, timeout_s=30.0, memory_mb=2048, retries=0)
+  programs = list(RECORDED)
+  stdins = ["abc" if p == "print(input()[::-1])" else "" for p in programs]
+  with base.make_executor(cfg) as executor:
+    results = dict(zip(programs, executor.run_batch(programs, stdins)))
+  hello = results['print("Hello, world!")']
+  assert (hello.status, hello.stdout, hello.stderr, hello.exit_code) == ("ok", "Hello, world!\n", "", 0)
+  div = results["1/0"]
+  assert (div.status, div.exit_code) == ("error", 1) and div.stderr.endswith("ZeroDivisionError: division by zero\n")
+  tle = results["import time\nprint('tick')\ntime.sleep(99)"]
+  assert tle.status == "timeout" and tle.stdout == "tick\n" and "time limit of 30 s exceeded" in tle.stderr
+  assert results["x = bytearray(8 * 1024 ** 3)"].status == "memory"
+  killed = results["import os\nos.kill(os.getpid(), 9)"]
+  assert (killed.status, killed.exit_code, killed.stdout) == ("killed", -9, "") and "SIGKILL" in killed.stderr
+  assert results["print(input()[::-1])"].stdout == "cba\n" and results["print(input()[::-1])"].stderr == ""
+  runner_error = results["import sys"]
+  assert runner_error.status == "sandbox_error" and "Too many open files" in runner_error.stderr
+  assert results["pass"].status == "sandbox_error" and "runner crashed" in results["pass"].stderr
+
+  assert len(recorded.requests) == len(programs)  # one request each: nothing here is retried
+  for body, content_type in recorded.requests:
+    assert content_type == "application/json"
+    assert set(body) <= _RUN_CODE_REQUEST_FIELDS and {"code", "language"} <= set(body)
+    assert body["language"] == "python" and isinstance(body["code"], str)
+    assert body["run_timeout"] == 30.0 and body["compile_timeout"] == 30.0
+    assert body["memory_limit_MB"] == 2048 and isinstance(body["memory_limit_MB"], int)
+    assert isinstance(body["stdin"], str) and body["files"] == {} and body["fetch_files"] == []
+  by_code = {body["code"]: body for body, _ in recorded.requests}
+  assert by_code["print(input()[::-1])"]["stdin"] == "abc"
+
+
+def test_a_request_outside_the_schema_is_not_retried(recorded):
+  """FastAPI answers a body it cannot validate with 422: a client error, reported at once."""
+  r = sandbox_fusion.run_code("never recorded", "", fusion_cfg(recorded.url, retries=3))
+  assert r.status == "sandbox_error" and "422" in r.stderr and "unrecorded request" in r.stderr
+  assert len(recorded.requests) == 1
