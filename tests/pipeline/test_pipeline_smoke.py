@@ -60,8 +60,10 @@ def test_every_stage_ran_and_the_killed_run_resumed(run):
   assert "rl: GRPO-TCR with the code tool (resuming)" in out
   log = open(workdir / "pipeline.log").read()
   assert "rl: resumed at step" in log
-  steps = [json.loads(line)["step"] for line in open(workdir / "rl" / "metrics.jsonl")]
-  assert steps == [1, 2], steps  # the resumed trainer continued; no step was logged twice
+  rows = [json.loads(line) for line in open(workdir / "rl" / "metrics.jsonl")]
+  train = [r["step"] for r in rows if "reward/mean" in r]
+  curve = [r["step"] for r in rows if "eval/toy_arith/avg@2" in r]
+  assert train == [1, 2] and curve == [0, 1, 2], rows  # resumed where it stopped: no step logged twice
 
 
 def test_summary_has_every_key_and_the_table_prints(run):

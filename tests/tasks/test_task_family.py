@@ -10,12 +10,12 @@ import pytest
 from agentrl_jax.models import tokenizer as tok_lib
 from agentrl_jax.tasks import arithmetic, teacher
 from agentrl_jax.tasks import tokenizer as task_tokenizer
-from agentrl_jax.tools import base
+from agentrl_jax.tools import base, executors
 
 
 @pytest.fixture(scope="module")
 def executor():
-  ex = base.make_executor(base.ToolConfig(timeout_s=10))
+  ex = executors.make_executor(base.ToolConfig(timeout_s=10))
   yield ex
   ex.close()
 

@@ -264,7 +264,7 @@ def test_recorded_responses_map_to_results(recorded):
   cfg = fusion_cfg(recorded.url, timeout_s=30.0, memory_mb=2048, retries=0)
   programs = list(RECORDED)
   stdins = ["abc" if p == "print(input()[::-1])" else "" for p in programs]
-  with base.make_executor(cfg) as executor:
+  with executors.make_executor(cfg) as executor:
     results = dict(zip(programs, executor.run_batch(programs, stdins)))
   hello = results['print("Hello, world!")']
   assert (hello.status, hello.stdout, hello.stderr, hello.exit_code) == ("ok", "Hello, world!\n", "", 0)
