@@ -148,6 +148,9 @@ _RL_DEVIATIONS = {
                       "service)", "runs without a service; 'sandbox_fusion' selects the reference's executor"),
     "checkpoint.max_to_keep": (3, f"{PPO}:253", "max_actor_ckpt_to_keep: null (keep all)",
                                "a Qwen3-4B checkpoint with Adam moments is ~50 GB"),
+    "reward.tool_call_count": ("executed", f"{REWARD}:172-175",
+                               "num_turns, never passed by the dapo reward manager (a constant -0.1)",
+                               "the bonus follows the calls the executor actually ran"),
 }
 DEVIATIONS = {
     "demystify_qwen3_4b": _RL_DEVIATIONS,
@@ -183,7 +186,8 @@ IMPLEMENTATION = (
     "rl.dynamic_sampling_max_extra_rounds",          # memory / compile shape knobs (verl: use_dynamic_bsz)
     "rollout.batch_size", "rollout.segment_len", "rollout.groups_per_prefill", "rollout.prompt_bucket_min",
     "rollout.chunk_len", "rollout.cache_bucket_min", "rollout.overlap_tools",  # the compiled sampler's shapes
-    "tools.max_concurrency", "tools.sandbox_fusion_url", "tools.allow_unsandboxed",  # executor plumbing
+    "tools.max_concurrency", "tools.sandbox_fusion_url", "tools.allow_unsandboxed", "tools.local_mode",
+                                                     # executor plumbing
     "checkpoint.async_save",
     "sft.micro_batch_rows", "sft.logits_chunk_size",  # memory knobs (verl: micro_batch_size_per_gpu=4, sp=4)
 )

@@ -72,11 +72,13 @@ def rl_config(**model) -> ml_collections.ConfigDict:
       temperature=1.0, top_p=1.0, top_k=0))
   config.tools = ml_collections.ConfigDict(dict(
       backend="local",               # or "sandbox_fusion" with sandbox_fusion_url (the recipe's service)
-      sandbox_fusion_url="", timeout_s=30.0, memory_mb=2048, max_concurrency=0, allow_unsandboxed=False))
+      sandbox_fusion_url="", timeout_s=30.0, memory_mb=2048, max_concurrency=0, allow_unsandboxed=False,
+      local_mode="worker"))          # local: one long-lived sandbox per slot forks each call ("per_call": fresh)
   config.reward = ml_collections.ConfigDict(dict(
       math_mode="strict",            # the recipe's exact compare; "equiv" accepts LaTeX-equivalent answers
       overlong_buffer_tokens=4096, overlong_penalty_factor=1.0,
       tool_call_bonus=0.1, tool_call_cap=-0.6,   # min(-0.6, score + 0.1 * calls) for wrong answers
+      tool_call_count="executed",    # which calls count: only those the executor ran (not malformed text)
       sources=[]))                   # extra [data_source, reward kind] pairs
   config.rl = ml_collections.ConfigDict(dict(
       n=16, prompts_per_step=64, mini_batch_prompts=16, micro_batch_size=16, epochs_per_batch=1, total_epochs=3,

@@ -59,7 +59,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   shaping_cfg = rewards.ShapingConfig(
       max_response_tokens=config.rollout.max_response_len, overlong_buffer_tokens=config.reward.overlong_buffer_tokens,
       overlong_penalty_factor=config.reward.overlong_penalty_factor, tool_call_bonus=config.reward.tool_call_bonus,
-      tool_call_cap=config.reward.tool_call_cap)
+      tool_call_cap=config.reward.tool_call_cap, tool_call_count=config.reward.get("tool_call_count", "executed"))
   rollout_cfg = engine_lib.rollout_config(config.rollout)
   ckpt_cfg = ckpt_lib.CheckpointConfig(**config.checkpoint)
   n = rl.n

@@ -69,7 +69,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   opt_cfg = rl_update.OptimizerConfig(**config.optimizer, schedule="cosine", total_steps=max(total_steps, 1),
                                       warmup_steps=sft_cfg.warmup_steps(total_steps))
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), ckpt_cfg)
-  counters = {"skipped_conversations": 0, "trained_tokens": 0}
+  counters = {"skipped_conversations": 0, "truncated_conversations": 0, "trained_tokens": 0}
   graphdef, state, rng, step, restored_meta = rl_update.init_or_restore_train_state(
       ckpt, model_block, model_cfg, opt_cfg, mesh, root_key=root, init_key=init_key, data_iterator=data_iter)
   if step:
@@ -95,6 +95,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       for index, reason in batch.skipped:
         log.warning("sft: skipping conversation at row %d: %s", index, reason)
       counters["skipped_conversations"] += len(batch.skipped)
+      counters["truncated_conversations"] += len(batch.truncated)
       if batch.packed is None:
         log.warning("sft: step %d: every conversation of the batch was skipped; no update", step + 1)
       else:
