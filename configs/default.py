@@ -33,21 +33,23 @@ def get_config(arg=None):
 
   # ---- the task: disjoint held-out / SFT / RL-pool splits of the arithmetic family (agentrl_jax/tasks)
   config.task = ml_collections.ConfigDict(dict(
-      seed=0, heldout_problems=128, sft_problems=192, rl_problems=768, curve_problems=32,
+      seed=0, heldout_problems=128, sft_problems=256, rl_problems=768, curve_problems=32,
       level_weights=[[0, 0.1], [1, 0.2], [2, 0.35], [3, 0.35]]))
   # ---- SFT data: the scripted teacher's code run in the sandbox ("real"), or the stitched baseline
   config.teacher = ml_collections.ConfigDict(dict(source="real", style="deliberative", p_direct=0.5,
                                                   p_mistake=0.15))
-  config.sft = ml_collections.ConfigDict(dict(batch_size=16, num_epochs=3, max_seq_len=512, micro_batch_rows=8,
+  config.sft = ml_collections.ConfigDict(dict(batch_size=32, num_epochs=20, max_seq_len=256, micro_batch_rows=8,
                                               warmup_ratio=0.1, logits_chunk_size=None))
   config.sft_optimizer = ml_collections.ConfigDict(dict(learning_rate=3e-3, b1=0.9, b2=0.95, eps=1e-8,
                                                         weight_decay=0.01, grad_clip=1.0, min_lr_ratio=0.1))
 
   # ---- sampling with the tool loop (evaluation, filter, RL rollouts)
   config.rollout = base.rollout
-  config.rollout.update(batch_size=128, max_turns=4, max_response_len=160, max_prompt_len=256,
-                        max_tool_output_chars=256, segment_len=32, groups_per_prefill=16, prompt_bucket_min=256,
-                        chunk_len=32, cache_bucket_min=384, advertise_tools=True)
+  # No tool schema in the prompt: its ~150 fixed tokens would triple every sequence on 2 CPU cores and teach
+  # nothing (the format comes from SFT); a real run advertises it (recipe.rl_config).
+  config.rollout.update(batch_size=128, max_turns=4, max_response_len=160, max_prompt_len=64,
+                        max_tool_output_chars=256, segment_len=32, groups_per_prefill=16, prompt_bucket_min=32,
+                        chunk_len=32, cache_bucket_min=224, advertise_tools=False)
   config.tools = base.tools
   config.tools.update(timeout_s=5.0, memory_mb=512)
   config.reward = base.reward
@@ -59,13 +61,16 @@ def get_config(arg=None):
                                                  include_min=False, include_max=False))
   # ---- GRPO-TCR
   config.rl = base.rl
-  config.rl.update(n=8, prompts_per_step=16, mini_batch_prompts=8, micro_batch_size=64, total_steps=30,
-                   response_bucket_min=192, logits_chunk_size=0)
+  # 16 prompts x 8 samples per step in 4 mini-batches (later mini-batches are off-policy, so clipping acts);
+  # the sampler's log-probs serve as the old policy's (one forward pass less per step).
+  config.rl.update(n=8, prompts_per_step=16, mini_batch_prompts=4, micro_batch_size=32, total_steps=60,
+                   response_bucket_min=192, logits_chunk_size=0, reuse_sampler_logp=True)
   config.optimizer = base.optimizer
-  config.optimizer.update(learning_rate=1e-3, b2=0.99)
+  config.optimizer.update(learning_rate=1e-4, b2=0.99)
   # ---- held-out evaluation: after SFT and after RL on the whole split; during RL on `task.curve_problems`
+  # Sampled as in training (T=1, top_p=1; the recipe's validation uses top_p=0.6) plus one greedy answer each.
   config.eval = ml_collections.ConfigDict(dict(n=4, temperature=1.0, top_p=1.0, top_k=0, ks=[4], every_steps=5,
-                                               samples_to_log=8))
+                                               samples_to_log=8, greedy=True))
   config.checkpoint = ml_collections.ConfigDict(dict(every_steps=5, max_to_keep=2, async_save=False))
   config.log_every_steps = 5
   config.samples_every_steps = 10
@@ -77,7 +82,7 @@ def get_config(arg=None):
     config.model.size = "tiny_qwen3"
     config.task.update(heldout_problems=8, sft_problems=16, rl_problems=16, curve_problems=4)
     config.sft.update(batch_size=8, num_epochs=1)
-    config.rollout.update(batch_size=16, max_response_len=48, cache_bucket_min=256, max_turns=3)
+    config.rollout.update(batch_size=16, max_response_len=48, cache_bucket_min=96, max_turns=3)
     config.filter.update(k=2, min_pass_rate=0.0, include_min=True, max_pass_rate=1.0, include_max=True)
     config.rl.update(n=2, prompts_per_step=4, mini_batch_prompts=2, micro_batch_size=4, total_steps=2,
                      response_bucket_min=64)

@@ -35,7 +35,7 @@ CURVES = (
 ROWS = (("avg@{k}", "avg@{k}", "{:.3f}"), ("pass@{k}", "pass@{k} (unbiased)", "{:.3f}"),
         ("maj@{k}", "maj@{k}", "{:.3f}"), ("tool_calls_per_response", "tool calls / response", "{:.2f}"),
         ("tool_success_rate", "tool success rate", "{:.3f}"), ("response_len_mean", "response length (tokens)",
-                                                               "{:.1f}"))
+                                                               "{:.1f}"), ("greedy@1", "greedy accuracy", "{:.3f}"))
 
 
 def stage_line(stage: str, result: dict[str, Any]) -> str:
@@ -76,6 +76,8 @@ def table(summary: dict[str, Any]) -> str:
            f"|{'-' * 28}|{'-' * 10}|{'-' * 10}|{'-' * 10}|"]
   for key, label, spec in ROWS:
     key, label = key.format(k=k), label.format(k=k)
+    if key not in summary["sft"] and key not in summary["rl"]:
+      continue
     a, b = summary["sft"].get(key), summary["rl"].get(key)
     d = None if a is None or b is None else b - a
     sign = "" if d is None or d < 0 else "+"

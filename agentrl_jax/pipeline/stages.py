@@ -203,11 +203,21 @@ def heldout_metrics(metrics: dict[str, float], k: int) -> dict[str, float | None
 
 
 def _run_eval(config, workdir, results, stage, checkpoint):
+  """The held-out evaluation as sampled in training (`eval.n` samples at `eval.temperature`), and with
+  `eval.greedy` also one greedy answer per problem (`greedy@1`): whether RL changed what the policy's most
+  likely answer is, beyond sharpening its distribution."""
   from agentrl_jax.evaluation import runner
 
   out_dir = stage_dir(workdir, stage)
   metrics = runner.run(eval_config(config, workdir, results, checkpoint), out_dir)
-  return {"metrics": heldout_metrics(metrics, max(config.eval.ks)), "all": metrics}
+  out = {"metrics": heldout_metrics(metrics, max(config.eval.ks)), "all": metrics}
+  if config.eval.greedy:
+    greedy = eval_config(config, workdir, results, checkpoint)
+    greedy.eval.update(n=1, temperature=0.0, ks=[1])
+    os.makedirs(os.path.join(out_dir, "greedy"), exist_ok=True)
+    g = runner.run(greedy, os.path.join(out_dir, "greedy"))
+    out["metrics"]["greedy@1"] = g.get(f"{arithmetic.DATA_SOURCE}/avg@1")
+  return out
 
 
 def run_eval_sft(config, workdir, results):

@@ -18,7 +18,8 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STAGES = ["data", "teacher", "sft", "eval_sft", "filter", "rl", "eval_rl"]
-METRIC_KEYS = {"avg@2", "pass@2", "maj@2", "tool_calls_per_response", "tool_success_rate", "response_len_mean"}
+METRIC_KEYS = {"avg@2", "pass@2", "maj@2", "tool_calls_per_response", "tool_success_rate", "response_len_mean",
+               "greedy@1"}
 
 
 def _start(workdir, log):
@@ -71,7 +72,7 @@ def test_summary_has_every_key_and_the_table_prints(run):
   summary = json.load(open(workdir / "summary.json"))
   for arm in ("sft", "rl"):
     assert set(summary[arm]) == METRIC_KEYS, summary[arm]
-    for key in ("avg@2", "pass@2", "maj@2"):
+    for key in ("avg@2", "pass@2", "maj@2", "greedy@1"):
       assert 0.0 <= summary[arm][key] <= 1.0
     assert summary[arm]["avg@2"] <= summary[arm]["pass@2"]
   assert set(summary["stages"]) == set(STAGES)
