@@ -91,8 +91,11 @@ def table(summary: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def plot_curves(rows: list[dict], out_dir: str, *, source: str, k: int) -> list[str]:
-  """One PNG per curve of `CURVES`, plus `rl_curves.png` with all of them; returns the file names."""
+def plot_curves(rows: list[dict], out_dir: str, *, source: str, k: int, curve_problems: int = 0) -> list[str]:
+  """One PNG per curve of `CURVES`, plus `rl_curves.png` with all of them; returns the file names.
+
+  `curve_problems`: how many held-out problems the RL trainer's periodic evaluation uses (shown in the title).
+  """
   import matplotlib
 
   matplotlib.use("Agg")
@@ -111,7 +114,7 @@ def plot_curves(rows: list[dict], out_dir: str, *, source: str, k: int) -> list[
         x, y = series(key.format(source=source, k=k))
         if x:
           a.plot(x, y, marker="o" if len(x) < 12 else None, markersize=3, label=label.format(k=k))
-      a.set_title(title)
+      a.set_title(f"{title} ({curve_problems} problems)" if stem == "heldout_accuracy" and curve_problems else title)
       a.set_xlabel("RL step")
       a.grid(alpha=0.3)
       if len(keys) > 1:
@@ -126,16 +129,43 @@ def plot_curves(rows: list[dict], out_dir: str, *, source: str, k: int) -> list[
   return ["rl_curves.png", *names]
 
 
+def _numbers(tree: Any, prefix: str = "") -> dict[str, float]:
+  """The numeric leaves of a stage result, flattened to 'a/b/c' keys."""
+  out: dict[str, float] = {}
+  if isinstance(tree, dict):
+    for key, value in tree.items():
+      out.update(_numbers(value, f"{prefix}/{key}" if prefix else str(key)))
+  elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
+    out[prefix] = float(tree)
+  return out
+
+
+def write_stage_metrics(workdir: str, results: dict[str, Any], timings: dict[str, dict]) -> None:
+  """Every stage's timing and numeric results as TensorBoard scalars and `metrics.jsonl` rows in the run's
+  workdir, one step per stage in pipeline order (the trainers also log their own steps under sft/ and rl/)."""
+  from agentrl_jax import metrics_writer
+
+  with metrics_writer.MetricsWriter(workdir) as writer:
+    for i, stage in enumerate(stages.ORDER):
+      if stage in timings:
+        values = {f"{stage}/{k}": v for k, v in _numbers(results.get(stage, {})).items()}
+        values.update({f"{stage}/time/{k}": float(v) for k, v in timings[stage].items() if k != "reused"})
+        writer.write(i + 1, values)
+
+
 def write(config: ml_collections.ConfigDict, workdir: str, results: dict[str, Any], timings: dict[str, dict],
           *, wall_s: Callable[[], float]) -> dict[str, Any]:
-  """Writes summary.json, report.md and the plots into `workdir`; returns the summary."""
+  """Writes summary.json, report.md, the plots and the per-stage TensorBoard scalars into `workdir`; returns
+  the summary."""
+  write_stage_metrics(workdir, results, timings)
   k = max(config.eval.ks)
   sft = results.get("eval_sft", {}).get("metrics", {})
   rl = results.get("eval_rl", {}).get("metrics", {})
   delta = {key: (rl[key] - sft[key]) for key in sft if sft.get(key) is not None and rl.get(key) is not None}
   plots = []
   if "rl" in results and os.path.exists(results["rl"]["metrics"]):
-    plots = plot_curves(stages.read_jsonl(results["rl"]["metrics"]), workdir, source="toy_arith", k=k)
+    plots = plot_curves(stages.read_jsonl(results["rl"]["metrics"]), workdir, source="toy_arith", k=k,
+                        curve_problems=config.task.curve_problems)
   summary = {
       "name": config.name, "seed": config.seed, "k": k, "eval_temperature": config.eval.temperature,
       "heldout_problems": results.get("data", {}).get("splits", {}).get(stages.HELDOUT, {}).get("problems", 0),
