@@ -1,46 +1,87 @@
 #!/usr/bin/env bash
-# Run agentrl_jax on a Cloud TPU VM or pod slice (every host runs the same command; JAX's multi-controller
-# runtime joins them: main.py calls jax.distributed.initialize() when AGENTRL_DISTRIBUTED=1).
+# Run agentrl_jax on a Cloud TPU VM or pod slice. Every host runs the same command; JAX's multi-controller
+# runtime joins them (main.py calls jax.distributed.initialize() when AGENTRL_DISTRIBUTED=1).
 #
 #   export TPU_NAME=my-tpu ZONE=us-central2-b ACCELERATOR=v4-32 [PROJECT=my-project] [RUNTIME=tpu-ubuntu2204-base]
 #   bash launch/tpu_vm.sh create                       # create the TPU VM (slice)
 #   bash launch/tpu_vm.sh setup                        # copy this checkout to every host, install, jax[tpu]
 #   bash launch/tpu_vm.sh run configs/demystify_qwen3_4b.py gs://bucket/runs/x [--config.a.b=value ...]
-#   bash launch/tpu_vm.sh ssh 'tail -f ~/agentrl_jax/run.log'   # any command on all hosts
+#   bash launch/tpu_vm.sh logs [LINES]                 # the last lines of every host's run.log
+#   bash launch/tpu_vm.sh copy LOCAL_PATH [REMOTE_DIR] # copy a file or directory to every host
+#   bash launch/tpu_vm.sh ssh 'nvidia-smi || true'     # any command on all hosts
 #   bash launch/tpu_vm.sh delete
 #
+# --dry-run (first argument) prints every command instead of running it, with placeholders for unset
+# variables; it needs neither gcloud nor a TPU. PASS_ENV="WANDB_API_KEY XLA_FLAGS ..." names environment variables
+# whose values `run` passes to every host (AGENTRL_* and JAX_* variables are always passed).
 # Checkpoints and datasets should live on storage every host sees (a GCS bucket or a shared disk); model
 # weights load from a local or mounted directory given in the config (nothing downloads from a model hub).
 set -euo pipefail
-cmd="${1:?usage: tpu_vm.sh create|setup|run|ssh|delete ...}"; shift || true
-: "${TPU_NAME:?set TPU_NAME}" "${ZONE:?set ZONE}"
+dry=0
+if [ "${1:-}" = "--dry-run" ]; then dry=1; shift; fi
+cmd="${1:?usage: tpu_vm.sh [--dry-run] create|setup|run|logs|copy|ssh|delete ...}"; shift || true
+
+need() {  # need VAR: its value, or a placeholder in a dry run
+  local name="$1"
+  if [ -n "${!name:-}" ]; then printf '%s' "${!name}"
+  elif [ "$dry" = 1 ]; then printf '<%s>' "$name"
+  else echo "tpu_vm.sh: set $name (see the header of launch/tpu_vm.sh)" >&2; exit 2
+  fi
+}
+name="$(need TPU_NAME)"; zone="$(need ZONE)"
 gc=(gcloud compute tpus tpu-vm)
 proj=(); [ -n "${PROJECT:-}" ] && proj=(--project "$PROJECT")
 remote_dir="agentrl_jax"
-on_all() { "${gc[@]}" ssh "$TPU_NAME" --zone "$ZONE" "${proj[@]}" --worker=all --command "$1"; }
+
+quote() {  # a word as a shell would need it: bare when safe, else in single quotes
+  if [[ "$1" =~ ^[A-Za-z0-9_./:=@%+,~-]+$ ]]; then printf '%s' "$1"; else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
+}
+run() {  # run CMD...: execute, or print it (quoted for a shell) in a dry run
+  if [ "$dry" = 1 ]; then
+    local out=() w
+    for w in "$@"; do out+=("$(quote "$w")"); done
+    echo "${out[*]}"
+  else
+    "$@"
+  fi
+}
+on_all() { run "${gc[@]}" ssh "$name" --zone "$zone" "${proj[@]}" --worker=all --command "$1"; }
+
+passed_env() {  # KEY=value words for the variables `run` passes to every host
+  local out=() var
+  for var in $(compgen -e | grep -E '^(AGENTRL_|JAX_)' || true) ${PASS_ENV:-}; do
+    [ -n "${!var+x}" ] && out+=("$var=$(printf '%q' "${!var}")")
+  done
+  echo "${out[*]:-}"
+}
 
 case "$cmd" in
   create)
-    "${gc[@]}" create "$TPU_NAME" --zone "$ZONE" "${proj[@]}" --accelerator-type "${ACCELERATOR:?set ACCELERATOR}" \
+    run "${gc[@]}" create "$name" --zone "$zone" "${proj[@]}" --accelerator-type "$(need ACCELERATOR)" \
       --version "${RUNTIME:-tpu-ubuntu2204-base}" ;;
   setup)
     root="$(cd "$(dirname "$0")/.." && pwd)"
-    tarball="$(mktemp -d)/agentrl_jax.tgz"
-    git -C "$root" archive --format=tar.gz -o "$tarball" HEAD
-    "${gc[@]}" scp "$tarball" "$TPU_NAME:~/agentrl_jax.tgz" --zone "$ZONE" "${proj[@]}" --worker=all
+    tarball="${TMPDIR:-/tmp}/agentrl_jax-$$.tgz"
+    run git -C "$root" archive --format=tar.gz -o "$tarball" HEAD
+    run "${gc[@]}" scp "$tarball" "$name:~/agentrl_jax.tgz" --zone "$zone" "${proj[@]}" --worker=all
     jax_version="$(grep -E '^jax==' "$root/requirements.txt" | cut -d= -f3)"
     on_all "set -e; mkdir -p ~/$remote_dir && tar -xzf ~/agentrl_jax.tgz -C ~/$remote_dir && cd ~/$remote_dir && \
-      (command -v python3.11 >/dev/null || (sudo apt-get update -q && sudo apt-get install -y -q python3.11 python3.11-venv)) && \
-      (command -v bwrap >/dev/null || sudo apt-get install -y -q bubblewrap) && \
-      bash -c 'source launch/setup.sh runtime' && .venv/bin/pip install -q 'jax[tpu]==$jax_version'" ;;
+(command -v python3.11 >/dev/null || (sudo apt-get update -q && sudo apt-get install -y -q python3.11 python3.11-venv)) && \
+(command -v bwrap >/dev/null || sudo apt-get install -y -q bubblewrap) && \
+bash -c 'source launch/setup.sh runtime' && .venv/bin/pip install -q 'jax[tpu]==$jax_version'" ;;
   run)
     config="${1:?usage: tpu_vm.sh run CONFIG WORKDIR [overrides]}"; workdir="${2:?workdir}"; shift 2
-    on_all "cd ~/$remote_dir && AGENTRL_DISTRIBUTED=1 nohup .venv/bin/python -m agentrl_jax.main \
-      --config=$config --workdir=$workdir $* > run.log 2>&1 &" ;;
+    on_all "cd ~/$remote_dir && env $(passed_env) AGENTRL_DISTRIBUTED=1 nohup .venv/bin/python -m agentrl_jax.main \
+--config=$config --workdir=$workdir $* > run.log 2>&1 &" ;;
+  logs)
+    on_all "tail -n ${1:-50} ~/$remote_dir/run.log" ;;
+  copy)
+    src="${1:?usage: tpu_vm.sh copy LOCAL_PATH [REMOTE_DIR]}"; dst="${2:-$remote_dir}"
+    run "${gc[@]}" scp --recurse "$src" "$name:~/$dst/" --zone "$zone" "${proj[@]}" --worker=all ;;
   ssh)
     on_all "${1:?command}" ;;
   delete)
-    "${gc[@]}" delete "$TPU_NAME" --zone "$ZONE" "${proj[@]}" --quiet ;;
+    run "${gc[@]}" delete "$name" --zone "$zone" "${proj[@]}" --quiet ;;
   *)
-    echo "unknown command $cmd" >&2; exit 2 ;;
+    echo "tpu_vm.sh: unknown command $cmd" >&2; exit 2 ;;
 esac

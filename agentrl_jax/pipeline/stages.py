@@ -19,10 +19,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 from typing import Any
 
 import ml_collections
 
+from agentrl_jax import metrics_writer
 from agentrl_jax.tasks import arithmetic
 
 log = logging.getLogger(__name__)
@@ -69,12 +71,15 @@ def run_data(config: ml_collections.ConfigDict, workdir: str, results: dict) -> 
   splits = arithmetic.make_splits(sizes, level_weights=weights, seed=task.seed)
   out_dir = stage_dir(workdir, "data")
   out: dict[str, Any] = {"splits": {}}
+  bar = metrics_writer.progress_bar(len(splits), desc="data")
   for name, problems in splits.items():
     path = os.path.join(out_dir, f"{name}.parquet")
     arithmetic.write_rl_parquet(path, problems)
     prepared = data.prepare(data.SourceConfig(path=path, schema="rl", data_dir=data_dir(config, workdir)))
     levels = {str(lv): sum(p.level == lv for p in problems) for lv in arithmetic.LEVELS}
     out["splits"][name] = {"path": path, "problems": prepared.num_examples, "levels": levels}
+    bar.update(1)
+  bar.close()
   # The held-out subset the RL trainer evaluates periodically (its accuracy curve); the final evaluations use
   # the whole held-out split.
   curve = splits[HELDOUT][:task.curve_problems]
@@ -103,12 +108,8 @@ def run_teacher(config: ml_collections.ConfigDict, workdir: str, results: dict) 
     return _stitched(config, workdir, problems, out_dir)
   if t.source != "real":
     raise ValueError(f"config.teacher.source must be 'real' or 'stitched', got {t.source!r}")
-  from agentrl_jax import metrics_writer
-
   bar = metrics_writer.progress_bar(len(problems), desc="teacher")
   convs, failed = [], 0
-  import random
-
   rng = random.Random(config.seed)
   with tools.make_executor(engine_lib.tool_config(config.tools)) as executor:
     for p in problems:
