@@ -1,0 +1,191 @@
+"""Per-device memory plan of a policy on a TPU slice, from the project's own sharding rules.
+
+    python -m agentrl_jax.models.memory_plan --model qwen3_4b --slice v5p-16 --seq 22528 --rows 256
+
+prints, per device of a `(data, fsdp, tensor)` mesh over the slice's chips: the parameters, the AdamW moments,
+the gradient accumulator, the rollout KV cache for `rows` sequences of `seq` tokens, and the activations of one
+training micro-batch with and without rematerialisation, against the chip's HBM. Shapes and shardings are
+exact (every parameter's partition spec comes from `sharding.LOGICAL_RULES`, applied to an abstract mesh of the
+slice's size: no devices are needed) and checked against real sharded arrays in tests/models/test_memory_plan.py.
+Activations are an estimate of what the backward pass keeps with a fused attention kernel (splash / cuDNN: no
+score matrix is stored); XLA:CPU's blocked attention stores scores as well and is not modelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+
+import jax
+import numpy as np
+
+from agentrl_jax.models import kv_cache
+from agentrl_jax.models import sharding as sharding_lib
+from agentrl_jax.models.config import ModelConfig
+
+GIB = 1 << 30
+# TPU generation -> (HBM bytes per chip, TensorCores per chip: a "v4-32" slice names cores, "v6e-16" chips).
+CHIPS = {"v4": (32 * GIB, 2), "v5p": (95 * GIB, 2), "v5e": (16 * GIB, 1), "v5litepod": (16 * GIB, 1),
+         "v6e": (32 * GIB, 1)}
+
+
+def parse_slice(name: str) -> tuple[int, int]:
+  """(chips, HBM bytes per chip) of an accelerator type such as 'v5p-16', 'v5litepod-16' or 'v6e-8'."""
+  m = re.fullmatch(r"(v4|v5p|v5e|v5litepod|v6e)-(\d+)", name)
+  if not m:
+    raise ValueError(f"memory_plan: unknown slice {name!r}; expected e.g. v4-32, v5p-16, v5e-16, v6e-8")
+  hbm, cores = CHIPS[m.group(1)]
+  n = int(m.group(2))
+  if n % cores:
+    raise ValueError(f"memory_plan: {name}: {m.group(1)} slices are named by TensorCores ({cores} per chip)")
+  return n // cores, hbm
+
+
+def _itemsize(dtype: str) -> int:
+  return np.dtype(jax.numpy.dtype(dtype)).itemsize
+
+
+def _per_device(shape, spec, mesh_shape: dict[str, int]) -> int:
+  """Elements one device holds of an array of `shape` laid out by `spec`."""
+  n = 1
+  for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    axes = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+    n *= -(-dim // math.prod(mesh_shape[a] for a in axes))
+  return n
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Bytes per device of each part (see module docstring) and the chip's HBM."""
+
+  params: int
+  optimizer: int
+  gradients: int
+  kv_cache: int
+  activations: int
+  activations_remat: int
+  hbm: int
+  mesh: dict
+
+  def rows(self) -> list[tuple[str, int]]:
+    return [("params", self.params), ("AdamW moments", self.optimizer), ("gradient accumulator", self.gradients),
+            ("KV cache (rollout)", self.kv_cache), ("activations (no remat)", self.activations),
+            ("activations (remat)", self.activations_remat)]
+
+  @property
+  def train_total(self) -> int:
+    """The update step's peak with remat: params + moments + gradients + activations."""
+    return self.params + self.optimizer + self.gradients + self.activations_remat
+
+  @property
+  def rollout_total(self) -> int:
+    return self.params + self.kv_cache
+
+
+def param_bytes(cfg: ModelConfig, mesh_shape: dict[str, int]) -> int:
+  """Exact parameter bytes per device under the project's sharding rules."""
+  from flax import nnx
+
+  from agentrl_jax.models import hf_io
+
+  mesh = jax.sharding.AbstractMesh(tuple(mesh_shape[a] for a in sharding_lib.MESH_AXES), sharding_lib.MESH_AXES)
+  state = nnx.state(hf_io.abstract_model(cfg))
+  total = 0
+  for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable)):
+    value = v.get_value()
+    axes = v.get_metadata().get("logical_axes")
+    spec = jax.sharding.PartitionSpec() if axes is None else sharding_lib.logical_to_spec(axes, value.shape, mesh)
+    total += _per_device(value.shape, spec, mesh_shape) * np.dtype(value.dtype).itemsize
+  return total
+
+
+def kv_cache_bytes(cfg: ModelConfig, rows: int, seq: int, mesh_shape: dict[str, int]) -> int:
+  """The rollout cache for `rows` sequences of `seq` tokens, sharded as `kv_cache.KVCache` lays it out."""
+  mesh = jax.sharding.AbstractMesh(tuple(mesh_shape[a] for a in sharding_lib.MESH_AXES), sharding_lib.MESH_AXES)
+  total = 0
+  k, h = cfg.num_kv_heads, cfg.head_dim
+  for shape, axes in (((rows, k, h, seq), kv_cache.K_AXES), ((rows, k, seq, h), kv_cache.V_AXES)):
+    spec = sharding_lib.logical_to_spec(axes, shape, mesh)
+    total += _per_device(shape, spec, mesh_shape) * _itemsize(cfg.dtype) * cfg.num_layers
+  return total
+
+
+def activation_bytes(cfg: ModelConfig, tokens: int, tensor: int, *, remat: bool, logits_chunk: int = 1024) -> int:
+  """What one micro-batch of `tokens` tokens (per device) keeps for the backward pass.
+
+  Per layer without remat: the inputs of both norms and of every projection (q/k/v/o, gate/up/down), the
+  attention output and the MLP's gate, up and activation (heads and MLP width split over `tensor`). With remat
+  only each layer's input survives, plus one layer's worth while it is recomputed. The loss adds the float32
+  logits of one `logits_chunk`-token chunk and their gradient.
+  """
+  b = _itemsize(cfg.dtype)
+  d, f = cfg.hidden_size, -(-cfg.intermediate_size // tensor)
+  qo = -(-cfg.num_heads // tensor) * cfg.head_dim
+  kv = -(-cfg.num_kv_heads // tensor) * cfg.head_dim
+  per_layer = tokens * b * (4 * d + 3 * qo + 2 * kv + 4 * f)
+  layers = cfg.num_layers * tokens * d * b + per_layer if remat else cfg.num_layers * per_layer
+  vocab = -(-cfg.vocab_size // tensor)
+  logits = 2 * min(tokens, logits_chunk) * vocab * 4
+  return layers + logits + 2 * tokens * d * 4  # + the final hidden states and their gradient in float32
+
+
+def plan(cfg: ModelConfig, *, chips: int, hbm: int, seq: int, rows: int, data: int = 1, tensor: int = 1,
+         micro_rows: int = 1, logits_chunk: int = 1024) -> Plan:
+  """The memory plan of `cfg` on `chips` chips as a (data, fsdp = chips / data / tensor, tensor) mesh.
+
+  Args:
+    seq: context length (prompt + response) of a rollout row and of a training row.
+    rows: rollout rows decoded together across the slice (the KV cache's batch).
+    micro_rows: training rows per micro-batch and device.
+  """
+  if chips % (data * tensor):
+    raise ValueError(f"memory_plan: data={data} x tensor={tensor} does not divide {chips} chips")
+  mesh_shape = {"data": data, "fsdp": chips // (data * tensor), "tensor": tensor}
+  p = param_bytes(cfg, mesh_shape)
+  master = p // _itemsize(cfg.param_dtype)  # elements; the moments and the accumulator are float32
+  tokens = micro_rows * seq
+  return Plan(params=p, optimizer=2 * master * 4, gradients=master * 4,
+              kv_cache=kv_cache_bytes(cfg, rows, seq, mesh_shape),
+              activations=activation_bytes(cfg, tokens, tensor, remat=False, logits_chunk=logits_chunk),
+              activations_remat=activation_bytes(cfg, tokens, tensor, remat=True, logits_chunk=logits_chunk),
+              hbm=hbm, mesh=mesh_shape)
+
+
+def format_plan(name: str, slice_name: str, p: Plan, *, seq: int, rows: int) -> str:
+  lines = [f"{name} on {slice_name} (mesh {p.mesh}), seq {seq}, rollout rows {rows}: GiB per device",
+           f"| {'part':<24} | {'GiB':>8} |", f"|{'-' * 26}|{'-' * 10}|"]
+  lines += [f"| {k:<24} | {v / GIB:>8.2f} |" for k, v in p.rows()]
+  lines += [f"| {'train step (remat)':<24} | {p.train_total / GIB:>8.2f} |",
+            f"| {'rollout (params + cache)':<24} | {p.rollout_total / GIB:>8.2f} |",
+            f"| {'HBM per chip':<24} | {p.hbm / GIB:>8.2f} |"]
+  return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--model", default="qwen3_4b", help="a ModelConfig size (qwen3_4b, qwen2p5_7b, ...)")
+  ap.add_argument("--slice", default="v5p-16")
+  ap.add_argument("--seq", type=int, default=22528, help="prompt + response tokens (recipe: 2048 + 20480)")
+  ap.add_argument("--rows", type=int, default=256, help="rollout rows decoded together")
+  ap.add_argument("--data", type=int, default=1)
+  ap.add_argument("--tensor", type=int, default=1)
+  ap.add_argument("--micro-rows", type=int, default=1)
+  ap.add_argument("--dtype", default="bfloat16", help="compute (and KV cache) dtype")
+  ap.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
+  args = ap.parse_args(argv)
+  cfg = ModelConfig.by_name(args.model, dtype=args.dtype)
+  chips, hbm = parse_slice(args.slice)
+  p = plan(cfg, chips=chips, hbm=hbm, seq=args.seq, rows=args.rows, data=args.data, tensor=args.tensor,
+           micro_rows=args.micro_rows)
+  out = {"model": args.model, "slice": args.slice, "seq": args.seq, "rows": args.rows, "mesh": p.mesh,
+         **{k: v for k, v in dataclasses.asdict(p).items() if k != "mesh"}, "train_total": p.train_total,
+         "rollout_total": p.rollout_total}
+  print(json.dumps(out) if args.json else format_plan(args.model, args.slice, p, seq=args.seq, rows=args.rows))
+  return out
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,50 @@
+"""The memory plan's exact parts (parameters under the sharding rules, the KV cache) equal the bytes one device
+holds of the real sharded arrays on 8 fake CPU devices; slices parse; the CLI prints one JSON line."""
+
+import json
+
+import jax
+from flax import nnx
+import pytest
+
+from agentrl_jax.models import kv_cache, loading, memory_plan
+from agentrl_jax.models import sharding as sharding_lib
+from agentrl_jax.models.config import ModelConfig
+
+
+def _shard_bytes(arrays):
+  return sum(a.addressable_shards[0].data.nbytes for a in arrays)
+
+
+@pytest.mark.parametrize("data,fsdp,tensor", [(1, 8, 1), (1, 4, 2), (2, 2, 2)])
+def test_param_and_cache_bytes_equal_the_sharded_arrays(data, fsdp, tensor):
+  cfg = ModelConfig.tiny_qwen3(vocab_size=512, dtype="bfloat16", num_heads=4, num_kv_heads=2)
+  mesh = sharding_lib.make_mesh(data, fsdp, tensor)
+  shape = {"data": data, "fsdp": fsdp, "tensor": tensor}
+  model = loading.init_model(cfg, jax.random.key(0), mesh)
+  assert memory_plan.param_bytes(cfg, shape) == _shard_bytes(jax.tree.leaves(nnx.state(model)))
+  with jax.set_mesh(mesh):
+    cache = jax.jit(lambda: kv_cache.KVCache.init(cfg, batch=16, max_len=64))()
+  assert memory_plan.kv_cache_bytes(cfg, 16, 64, shape) == _shard_bytes(cache.k + cache.v)
+
+
+def test_plan_of_qwen3_4b_on_a_slice():
+  assert memory_plan.parse_slice("v5p-16") == (8, 95 << 30)
+  assert memory_plan.parse_slice("v4-32") == (16, 32 << 30)
+  assert memory_plan.parse_slice("v6e-8") == (8, 32 << 30)
+  with pytest.raises(ValueError, match="unknown slice"):
+    memory_plan.parse_slice("v9-8")
+  cfg = ModelConfig.qwen3_4b(dtype="bfloat16")
+  p = memory_plan.plan(cfg, chips=8, hbm=95 << 30, seq=4096, rows=64)
+  assert abs(p.params - cfg.param_count() * 4 / 8) < 0.01 * p.params  # float32 master weights over 8 chips
+  assert p.optimizer == 2 * p.gradients and p.gradients == p.params  # float32 moments and accumulator
+  # 64 rows x 4096 tokens x 36 layers x (K + V) x 8 kv heads x 128 x 2 bytes, rows over the 8 chips
+  assert p.kv_cache == 64 * 4096 * 36 * 2 * 8 * 128 * 2 // 8
+  assert p.activations_remat < p.activations
+
+
+def test_cli_prints_one_json_line(capsys):
+  memory_plan.main(["--model", "qwen2p5_7b", "--slice", "v6e-16", "--seq", "8192", "--rows", "32", "--tensor", "2",
+                    "--json"])
+  out = json.loads(capsys.readouterr().out)
+  assert out["mesh"] == {"data": 1, "fsdp": 8, "tensor": 2} and out["kv_cache"] > 0
