@@ -255,3 +255,34 @@ def export_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *, 
   mesh = sharding_lib.make_mesh(1, 1, 1, devices=jax.local_devices()[:1])
   model = loading.load_params_from_checkpoint(checkpoint_dir, model_config, mesh, step=step)
   return hf_io.export_hf(model, out_dir, dtype=dtype, tokenizer=tokenizer)
+
+
+def main(argv=None) -> str:
+  """`python -m agentrl_jax.checkpoint RUN/checkpoints OUT_DIR [--step N] [--dtype bfloat16] [--tokenizer DIR]`:
+  a run's checkpoint as a HF directory (config.json, safetensors, tokenizer files with the chat template,
+  generation_config.json) that `transformers` and vLLM-style servers load. The tokenizer defaults to the one the
+  run trained with (recorded in the checkpoint's metadata)."""
+  import argparse
+
+  ap = argparse.ArgumentParser(description=main.__doc__.split(":", 1)[1].strip())
+  ap.add_argument("checkpoint_dir")
+  ap.add_argument("out_dir")
+  ap.add_argument("--step", type=int, default=None, help="default: the latest")
+  ap.add_argument("--dtype", default=None, help="export dtype (default: the param dtype), e.g. bfloat16")
+  ap.add_argument("--tokenizer", default="", help="tokenizer directory (default: the run's)")
+  args = ap.parse_args(argv)
+  from agentrl_jax.models import tokenizer as tok_lib
+
+  with Checkpointer(args.checkpoint_dir) as ckpt:
+    step = ckpt._existing(args.step)  # pylint: disable=protected-access
+    tok_path = args.tokenizer or ckpt.read_metadata(step).get("tokenizer_path", "")
+  if not tok_path:
+    raise SystemExit(f"{args.checkpoint_dir}: the checkpoint records no tokenizer; pass --tokenizer DIR")
+  out = export_hf(args.checkpoint_dir, args.out_dir, step=step, tokenizer=tok_lib.load_tokenizer(tok_path),
+                  dtype=args.dtype)
+  print(f"exported step {step} of {args.checkpoint_dir} to {out}")
+  return out
+
+
+if __name__ == "__main__":
+  main()

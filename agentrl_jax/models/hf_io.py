@@ -19,6 +19,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from agentrl_jax.models import tokenizer as tok_lib
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.qwen import Qwen
@@ -191,5 +192,12 @@ def export_hf(model: Qwen, out_dir: str | os.PathLike, *, dtype: str | None = No
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(hf_cfg, f, indent=2)
   if tokenizer is not None:
-    tokenizer.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)  # tokenizer.json, tokenizer_config.json and the chat template
+    # Serving stacks (transformers' generate, vLLM) take the default stop and pad tokens from here.
+    eos = [t for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(tok_lib.ENDOFTEXT))
+           if isinstance(t, int) and t >= 0]
+    gen = {"eos_token_id": list(dict.fromkeys(eos)), "pad_token_id": tokenizer.pad_token_id,
+           "bos_token_id": cfg.bos_token_id}
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+      json.dump({k: v for k, v in gen.items() if v is not None}, f, indent=2)
   return out_dir

@@ -124,7 +124,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         top_k=ev.top_k, advertise_tools=config.rollout.advertise_tools, mesh=mesh, params=state.params)
   bsh = update_lib.batch_sharding(mesh)
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-  meta = {"model_config": dataclasses.asdict(model_cfg), "total_steps": total_steps}
+  # The tokenizer goes into the metadata so that an export (`python -m agentrl_jax.checkpoint`) can ship it.
+  meta = {"model_config": dataclasses.asdict(model_cfg), "total_steps": total_steps,
+          "tokenizer_path": model_block.get("tokenizer_path") or model_block.get("hf_path") or ""}
 
   def save(step, force=False):
     return ckpt.maybe_save(step, {"train": state, "rng": rng}, data_iterator=data_iter, force=force,

@@ -78,7 +78,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   shardings = rl_update.train_state_shardings(state, mesh)
   train_step = step_lib.make_train_step(graphdef, shardings, opt_cfg, mesh, micro_rows=sft_cfg.micro_batch_rows,
                                         seq_len=sft_cfg.max_seq_len, logits_chunk_size=sft_cfg.logits_chunk_size)
-  meta = {"model_config": dataclasses.asdict(model_cfg), "total_steps": total_steps}
+  # The tokenizer goes into the metadata so that an export (`python -m agentrl_jax.checkpoint`) can ship it.
+  meta = {"model_config": dataclasses.asdict(model_cfg), "total_steps": total_steps,
+          "tokenizer_path": model_block.get("tokenizer_path") or model_block.get("hf_path") or ""}
 
   def save(step, force=False):
     return ckpt.maybe_save(step, {"train": state, "rng": rng}, data_iterator=data_iter, force=force,

@@ -1,0 +1,41 @@
+"""`python -m agentrl_jax.checkpoint RUN/checkpoints OUT`: a trained run's Orbax checkpoint becomes a HF directory
+with standard file names that `transformers` loads with the same logits, the same tokenizer and chat template."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import transformers
+
+from agentrl_jax import checkpoint, testing
+from agentrl_jax.models import loading
+from agentrl_jax.models import sharding as sharding_lib
+from agentrl_jax.models import tokenizer as tok_lib
+from agentrl_jax.sft import trainer
+
+
+def test_export_of_a_trained_run_loads_in_transformers(tmp_path):
+  config = testing.load_config("sft_tiny", None, **{"model.tokenizer_path": testing.tiny_tokenizer_dir(),
+                                                    "sft.num_epochs": 1})
+  trainer.run(config, str(tmp_path / "run"))
+  ckpt_dir = tmp_path / "run" / "checkpoints"
+  out = checkpoint.main([str(ckpt_dir), str(tmp_path / "hf")])  # tokenizer from the checkpoint's metadata
+  for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+               "generation_config.json"):
+    assert os.path.isfile(os.path.join(out, name)), name
+  hf_config = json.load(open(os.path.join(out, "config.json")))
+  assert hf_config["architectures"] == ["Qwen3ForCausalLM"] and hf_config["model_type"] == "qwen3"
+  tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+  ours_tok = tok_lib.load_tokenizer(testing.tiny_tokenizer_dir())
+  messages = [{"role": "user", "content": "Compute 3*4."}]
+  assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
+      ours_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+  gen = json.load(open(os.path.join(out, "generation_config.json")))
+  assert tok.convert_tokens_to_ids(tok_lib.IM_END) in gen["eos_token_id"]
+
+  cfg = checkpoint.model_config_of(ckpt_dir)
+  ours = loading.load_params_from_checkpoint(ckpt_dir, cfg, sharding_lib.make_mesh(1, 1, 1, jax.devices()[:1]))
+  tokens = testing.random_tokens(jax.random.key(0), 2, 11, cfg.vocab_size)
+  diff = jnp.abs(testing.jit_forward(ours)(tokens)[0] - testing.hf_logits(testing.load_hf_torch(out), tokens))
+  assert float(jnp.max(diff)) <= 1e-4
