@@ -9,6 +9,9 @@ tool-call format, so the same code paths run on both.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Callable
 
 import transformers
 
@@ -135,6 +138,37 @@ def build_tiny_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 512, corp
   return load_tokenizer(out_dir)
 
 
+def cache_root() -> str:
+  """Where locally built tokenizers are cached: `$AGENTRL_JAX_CACHE/tokenizers`, else
+  `$XDG_CACHE_HOME/agentrl_jax/tokenizers`, else `~/.cache/agentrl_jax/tokenizers`."""
+  if os.environ.get("AGENTRL_JAX_CACHE"):
+    return os.path.join(os.environ["AGENTRL_JAX_CACHE"], "tokenizers")
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "agentrl_jax", "tokenizers")
+
+
+def cached_build(name: str, build: Callable[[str], object]) -> str:
+  """The directory `cache_root()/name`, made on first use by `build(tmp_dir)` and renamed into place atomically
+  (concurrent builders of a deterministic build agree: the first rename wins, the others' copies are dropped).
+  `name` must identify everything the build depends on (callers put a hash of their inputs in it)."""
+  root = cache_root()
+  out = os.path.join(root, name)
+  if os.path.isfile(os.path.join(out, "tokenizer.json")):
+    return out
+  os.makedirs(root, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".build-", dir=root)
+  try:
+    build(tmp)
+    try:
+      os.rename(tmp, out)
+    except OSError:
+      if not os.path.isfile(os.path.join(out, "tokenizer.json")):
+        raise
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return out
+
+
 def render_chat(tokenizer, messages: list[dict], *, tools: list[dict] | None = None,
                 add_generation_prompt: bool = False) -> str:
   """Renders messages through the tokenizer's own chat template (with `tools=` schemas)."""
@@ -146,16 +180,17 @@ def tool_response_text(tokenizer, contents: list[str]) -> str:
   """The text that follows an assistant tool-call turn: its `<|im_end|>`, the tool results and the next
   assistant header, as the chat template renders them.
 
-  Found by rendering a reference conversation with and without the tool turn and taking the difference, so
-  any template that follows the ChatML layout works, including real Qwen checkpoints' own templates.
+  Found by rendering a reference conversation (user, an assistant turn holding a sentinel, the tool results,
+  the generation prompt) and taking what follows the sentinel, so any template that follows the ChatML layout
+  works, real Qwen checkpoints' own included: Qwen3's renders the conversation's last assistant turn with a
+  `<think>` block, which is why the assistant turn is never the last message here.
   """
-  base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-  with_tools = base + [{"role": "tool", "content": c} for c in contents]
-  prefix = render_chat(tokenizer, base)
-  full = render_chat(tokenizer, with_tools, add_generation_prompt=True)
-  # `prefix` ends with the assistant turn's "<|im_end|>\n"; the model itself stops at </tool_call>, so the
-  # continuation starts with that closing marker.
-  end = prefix.rindex(IM_END)
-  if not full.startswith(prefix[:end]):
+  sentinel = "AGENTRL_TURN_SENTINEL"
+  messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": sentinel}]
+  full = render_chat(tokenizer, messages + [{"role": "tool", "content": c} for c in contents],
+                     add_generation_prompt=True)
+  # The model itself stops at </tool_call>, so the continuation starts with the turn's closing marker.
+  i = full.find(sentinel)
+  if i < 0 or full.count(sentinel) != 1 or not full.startswith(IM_END, i + len(sentinel)):
     raise ValueError("chat template renders tool turns in a way tool_response_text cannot split")
-  return full[end:]
+  return full[i + len(sentinel):]

@@ -9,18 +9,14 @@ result is cached on disk (keyed by a hash of the corpus and settings) and reused
     tok = tokenizer.load()              # built on first use, then read from the cache
     tokenizer.cached_dir()              # the directory, for `--config.model.tokenizer_path=...`
 
-The cache lives in `$AGENTRL_JAX_CACHE/tokenizers`, else `$XDG_CACHE_HOME/agentrl_jax/tokenizers`, else
-`~/.cache/agentrl_jax/tokenizers`.
+The cache is `models.tokenizer.cache_root()` (`$AGENTRL_JAX_CACHE/tokenizers` or `~/.cache/agentrl_jax/...`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import shutil
-import tempfile
 
 import ml_collections
 
@@ -62,33 +58,12 @@ def corpus(n: int = 400, seed: int = 0) -> list[str]:
   return out
 
 
-def _cache_root() -> str:
-  if os.environ.get("AGENTRL_JAX_CACHE"):
-    return os.path.join(os.environ["AGENTRL_JAX_CACHE"], "tokenizers")
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(base, "agentrl_jax", "tokenizers")
-
-
 def cached_dir(vocab_size: int = VOCAB_SIZE) -> str:
-  """The tokenizer's directory, trained and written on first use (atomically: concurrent builders agree)."""
+  """The tokenizer's directory, trained and written on first use (`models.tokenizer.cached_build`)."""
   text = corpus()
   key = hashlib.sha256(json.dumps([_VERSION, vocab_size, tok_lib.CHAT_TEMPLATE, text]).encode()).hexdigest()[:12]
-  root = _cache_root()
-  out = os.path.join(root, f"embedded-{vocab_size}-{key}")
-  if os.path.isfile(os.path.join(out, "tokenizer.json")):
-    return out
-  os.makedirs(root, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".build-", dir=root)
-  try:
-    tok_lib.build_tiny_tokenizer(tmp, vocab_size=vocab_size, corpus=text, individual_digits=True)
-    try:
-      os.rename(tmp, out)
-    except OSError:  # another process finished first; its copy is identical (the build is deterministic)
-      if not os.path.isfile(os.path.join(out, "tokenizer.json")):
-        raise
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
-  return out
+  return tok_lib.cached_build(f"embedded-{vocab_size}-{key}", lambda d: tok_lib.build_tiny_tokenizer(
+      d, vocab_size=vocab_size, corpus=text, individual_digits=True))
 
 
 def fill_model_block(block: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
