@@ -4,7 +4,8 @@ Run:  bash launch/local.sh      (= python -m agentrl_jax.main --config=configs/d
 Stages (agentrl_jax/pipeline): data -> teacher trajectories through the real sandbox -> SFT -> eval -> model-aware
 prompt filter -> GRPO-TCR -> eval -> report (summary.json, report.md, plots; TensorBoard logs per stage).
 A killed run resumes with the same command. Override any field: --config.rl.loss.clip_high=0.2.
-Args: :smoke  every stage at toy size (the test suite runs it; the numbers mean nothing)
+Args: :smoke        every stage at toy size (the test suite runs it; the numbers mean nothing)
+      :smoke_qwen3  the same with the real Qwen3 vocabulary and chat template
 
 The recipe's RL constants (agentrl_jax/rl/recipe.py: token-mean loss, clip 0.2 / 0.28, dual clip, no KL, no
 entropy bonus, GRPO advantages, overlong shaping in tokens, tool-call shaping) are kept; sizes, lengths, the
@@ -18,8 +19,8 @@ from agentrl_jax.rl import recipe
 
 
 def get_config(arg=None):
-  if arg not in (None, "", "smoke"):
-    raise ValueError(f"default: unknown arg {arg!r}; expected nothing or 'smoke'")
+  if arg not in (None, "", "smoke", "smoke_qwen3"):
+    raise ValueError(f"default: unknown arg {arg!r}; expected nothing, 'smoke' or 'smoke_qwen3'")
   base = recipe.rl_config()
   config = ml_collections.ConfigDict()
   config.job = "pipeline"
@@ -29,6 +30,9 @@ def get_config(arg=None):
   config.data_dir = ""               # TFDS datasets; "" = <workdir>/tfds
   config.compile_cache_dir = ""      # JAX's persistent compilation cache; "" = <workdir>/jax_cache
   config.model = loading.model_block(size="demo_1m", param_dtype="float32", dtype="float32")
+  # "embedded": the task's own BPE (agentrl_jax/tasks/tokenizer.py); "qwen3" / "qwen2.5": the real Qwen
+  # vocabulary and chat template (agentrl_jax/models/qwen_tokenizer.py; a 151k-wide unembedding on 2 cores)
+  config.tokenizer = "embedded"
   config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=1))
 
   # ---- the task: disjoint held-out / SFT / RL-pool splits of the arithmetic family (agentrl_jax/tasks)
@@ -77,8 +81,9 @@ def get_config(arg=None):
   config.samples_per_log = 4
   config.wandb_project = ""
 
-  if arg == "smoke":
-    config.name = "embedded arithmetic demo (smoke)"
+  if arg in ("smoke", "smoke_qwen3"):
+    config.name = f"embedded arithmetic demo ({arg})"
+    config.tokenizer = "qwen3" if arg == "smoke_qwen3" else "embedded"
     config.model.size = "tiny_qwen3"
     config.task.update(heldout_problems=8, sft_problems=16, rl_problems=16, curve_problems=4)
     config.sft.update(batch_size=8, num_epochs=1)

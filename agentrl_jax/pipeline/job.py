@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 _INPUTS = {
     "data": ("seed", "task", "data_dir"),
     "teacher": ("teacher", "tools", "rollout.max_tool_output_chars", "rollout.advertise_tools"),
-    "sft": ("model", "mesh", "sft", "sft_optimizer"),
+    "sft": ("model", "tokenizer", "mesh", "sft", "sft_optimizer"),
     "eval_sft": ("eval", "rollout", "tools", "reward", "prompt_style"),
     "filter": ("filter", "rollout", "tools", "reward", "prompt_style"),
     "rl": ("rl", "optimizer", "eval", "rollout", "tools", "reward", "prompt_style"),

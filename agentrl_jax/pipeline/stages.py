@@ -41,12 +41,25 @@ def stage_dir(workdir: str, stage: str) -> str:
   return os.path.join(workdir, stage)
 
 
+def model_block(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The policy's `model` block with the tokenizer `config.tokenizer` names: "embedded" (the task's own BPE,
+  `tasks.tokenizer`), or "qwen2.5" / "qwen3" (the real Qwen vocabulary, `models.qwen_tokenizer`);
+  `model.tokenizer_path` wins when set."""
+  block = ml_collections.ConfigDict(config.model.to_dict())
+  if not block.tokenizer_path and config.tokenizer != "embedded":
+    from agentrl_jax.models import qwen_tokenizer
+
+    block.tokenizer_path = qwen_tokenizer.cached_dir(config.tokenizer)
+  return block
+
+
 def _shared(config: ml_collections.ConfigDict, workdir: str, job: str) -> ml_collections.ConfigDict:
   """The blocks every sampling or training job reads, copied from the pipeline config."""
   out = ml_collections.ConfigDict()
   out.job = job
   out.seed = config.seed
-  for block in ("model", "mesh", "rollout", "tools", "reward", "prompt_style"):
+  out.model = model_block(config)
+  for block in ("mesh", "rollout", "tools", "reward", "prompt_style"):
     out[block] = ml_collections.ConfigDict(config[block].to_dict())
   out.data = ml_collections.ConfigDict(dict(train_path="", train_schema="rl", data_dir=data_dir(config, workdir),
                                             skip_malformed=True, shuffle=True, toy_task="", toy_problems=0,
@@ -159,7 +172,7 @@ def sft_config(config: ml_collections.ConfigDict, workdir: str, results: dict) -
   job = ml_collections.ConfigDict()
   job.job = "sft"
   job.seed = config.seed
-  job.model = ml_collections.ConfigDict(config.model.to_dict())
+  job.model = model_block(config)
   job.mesh = ml_collections.ConfigDict(config.mesh.to_dict())
   job.data = ml_collections.ConfigDict(dict(path=results["teacher"]["path"], data_dir=data_dir(config, workdir),
                                             skip_malformed_rows=True, shuffle=True, toy_conversations=0,

@@ -191,7 +191,7 @@ def run_rollout(
   stats = RolloutStats()
   renderer = ToolResponseRenderer(tokenizer)
   b, seg = cfg.batch_size, cfg.segment_len
-  end_ids, tool_end_ids = sampler.sampling.end_token_ids, sampler.sampling.tool_end_token_ids
+  tool_end_ids = sampler.sampling.tool_end_token_ids
   resumable = set(tool_end_ids) | ({renderer.im_end} if renderer.im_end is not None else set())
   f_len = sampler.n_forced
   max_cap = bucket(cfg.max_prompt_len, cfg.prompt_bucket_min) + cfg.max_response_len + seg + 1

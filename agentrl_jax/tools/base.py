@@ -149,6 +149,18 @@ def with_note(stderr: str, note: str) -> str:
   return f"{stderr}{'' if not stderr or stderr.endswith(chr(10)) else chr(10)}[sandbox] {note}"
 
 
+def limit_result(cfg: ToolConfig, stdout: str, stderr: str, wall: float, *, timed_out: bool,
+                 too_much: bool) -> ExecResult | None:
+  """The result of a program the sandbox killed for its wall-clock or output limit (None if neither)."""
+  if timed_out:
+    return ExecResult("timeout", stdout, with_note(stderr, f"wall-clock limit of {cfg.timeout_s:g} s exceeded; "
+                                                   "process killed"), None, wall)
+  if too_much:
+    return ExecResult("killed", stdout, with_note(stderr, f"output limit of {cfg.output_limit_bytes} bytes "
+                                                  "exceeded; process killed"), -signal.SIGKILL, wall)
+  return None
+
+
 def classify_exit(code: int | None, stderr: str) -> tuple[str, int | None, str]:
   """Maps an exit code to (status, exit_code, stderr with a note).
 

@@ -33,7 +33,6 @@ import os
 import re
 import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,7 @@ import warnings
 from collections.abc import Callable
 
 from agentrl_jax.tools import sandbox_worker
-from agentrl_jax.tools.base import ExecResult, PoolExecutor, ToolConfig, classify_exit, with_note
+from agentrl_jax.tools.base import ExecResult, PoolExecutor, ToolConfig, classify_exit, limit_result, with_note
 from agentrl_jax.tools.sandbox_worker import MAIN
 
 logger = logging.getLogger(__name__)
@@ -320,12 +319,9 @@ def _supervise(proc: subprocess.Popen, cfg: ToolConfig, status_r: int, deadline:
       os.close(pidfd)
   wall = time.monotonic() - start
   stdout, stderr = out.text(), err.text()
-  if timed_out:
-    return ExecResult("timeout", stdout, with_note(stderr, f"wall-clock limit of {cfg.timeout_s:g} s exceeded; "
-                                                   "process killed"), None, wall)
-  if too_much:
-    return ExecResult("killed", stdout, with_note(stderr, f"output limit of {cfg.output_limit_bytes} bytes "
-                                                  "exceeded; process killed"), -signal.SIGKILL, wall)
+  limited = limit_result(cfg, stdout, stderr, wall, timed_out=timed_out, too_much=too_much)
+  if limited is not None:
+    return limited
   if status_r < 0:  # unsandboxed: the interpreter's own exit status
     exit_code = proc.returncode
   else:

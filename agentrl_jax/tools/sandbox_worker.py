@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from agentrl_jax.tools.base import ExecResult, ToolConfig, classify_exit, with_note
+from agentrl_jax.tools.base import ExecResult, ToolConfig, classify_exit, limit_result, with_note
 
 logger = logging.getLogger(__name__)
 
@@ -281,12 +281,9 @@ class _Worker:
       self.healthy = False
       return ExecResult("sandbox_error", stdout, with_note(stderr, "the sandbox worker did not start the program in "
                                                            f"{cfg.timeout_s:g} s; it was replaced"), None, wall)
-    if timed_out:
-      return ExecResult("timeout", stdout, with_note(stderr, f"wall-clock limit of {cfg.timeout_s:g} s exceeded; "
-                                                     "process killed"), None, wall)
-    if too_much:
-      return ExecResult("killed", stdout, with_note(stderr, f"output limit of {cfg.output_limit_bytes} bytes "
-                                                    "exceeded; process killed"), -signal.SIGKILL, wall)
+    limited = limit_result(cfg, stdout, stderr, wall, timed_out=timed_out, too_much=too_much)
+    if limited is not None:
+      return limited
     if call.error is not None:
       self.healthy = False  # its `exit` is still to come: do not reuse the socket
       return ExecResult("sandbox_error", stdout, with_note(stderr, f"the sandbox could not run the program: "

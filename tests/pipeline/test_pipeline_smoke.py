@@ -107,3 +107,17 @@ def test_heldout_never_reaches_sft_filter_or_rl(run):
   trained = [json.loads(line)["transcript"] for line in open(workdir / "rl" / "samples.jsonl")
              if json.loads(line).get("kind") == "train"]
   assert trained and not any(q in t for t in trained for q in heldout)
+
+
+def test_smoke_with_the_real_qwen3_vocabulary(tmp_path):
+  """Every stage with Qwen3's tokenizer and chat template (151k-token vocabulary, `</tool_call>` = 151658)."""
+  from agentrl_jax import testing
+  from agentrl_jax.pipeline import job
+
+  config = testing.load_config("default", "smoke_qwen3", **{"compile_cache_dir": str(tmp_path / "cache")})
+  summary = job.run(config, str(tmp_path / "run"))
+  assert set(summary["sft"]) == METRIC_KEYS and set(summary["rl"]) == METRIC_KEYS
+  meta = json.load(open(tmp_path / "run" / "sft" / "config.json"))
+  assert "qwen3-" in meta["model"]["tokenizer_path"]
+  sample = json.loads(open(tmp_path / "run" / "sft" / "samples.jsonl").readline())
+  assert sample["text"].startswith("<|im_start|>user\n") and "<think>\n\n</think>\n\n" in sample["text"]

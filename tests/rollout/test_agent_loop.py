@@ -16,7 +16,6 @@ from agentrl_jax.rollout.config import RolloutConfig
 from agentrl_jax.rollout.episode import collate
 from agentrl_jax.rollout.parser import parse_tool_calls
 from agentrl_jax.rollout.stub_executor import stub_executor
-from agentrl_jax.sampling import sampler as sampler_lib
 from agentrl_jax.sampling.config import SamplingConfig
 from agentrl_jax.sampling.sampler import make_sampler
 from agentrl_jax.tools import TOOL_SCHEMA, ExecResult, format_result

@@ -1,6 +1,5 @@
 """The embedded arithmetic task and its scripted teacher (real sandbox execution)."""
 
-import random
 
 import pytest
 
