@@ -234,6 +234,21 @@ def model_config_of(checkpoint_dir: str | os.PathLike, *, step: int | None = Non
   return ModelConfig(**meta["model_config"])
 
 
+def load_model(checkpoint_dir: str | os.PathLike, model_config, mesh: jax.sharding.Mesh, *, step: int | None = None):
+  """The `Qwen` model of `model_config` with the params of checkpoint `step` (default the latest), placed in
+  their shardings on `mesh`; the optimizer state is not read."""
+  from flax import nnx
+
+  from agentrl_jax.models import hf_io
+  from agentrl_jax.models import sharding as sharding_lib
+
+  graphdef, abstract = nnx.split(hf_io.abstract_model(model_config))
+  target = abstract_state(abstract, sharding_lib.state_shardings(abstract, mesh))
+  with Checkpointer(checkpoint_dir) as ckpt:
+    restored, _ = ckpt.restore({"train": {"params": target}}, step=step)
+  return nnx.merge(graphdef, restored["train"]["params"])
+
+
 def export_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int | None = None,
               model_config=None, tokenizer=None, dtype: str | None = None) -> str:
   """Writes the params of a checkpoint as a HF directory (`config.json` + safetensors) via `hf_io.export_hf`.
@@ -248,12 +263,12 @@ def export_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *, 
     tokenizer: saved alongside when given.
     dtype: export dtype; default the model's param dtype.
   """
-  from agentrl_jax.models import hf_io, loading
+  from agentrl_jax.models import hf_io
   from agentrl_jax.models import sharding as sharding_lib
 
   model_config = model_config or model_config_of(checkpoint_dir, step=step)
   mesh = sharding_lib.make_mesh(1, 1, 1, devices=jax.local_devices()[:1])
-  model = loading.load_params_from_checkpoint(checkpoint_dir, model_config, mesh, step=step)
+  model = load_model(checkpoint_dir, model_config, mesh, step=step)
   return hf_io.export_hf(model, out_dir, dtype=dtype, tokenizer=tokenizer)
 
 

@@ -360,8 +360,8 @@ def toy_solution_rows(n: int, *, seed: int = 0, levels: Sequence[int] = (0, 1, 2
 
 
 def run(config: ml_collections.ConfigDict, workdir: str):
-  """The stitched builder as a job (module docstring); returns a `collect.CollectResult` (no episodes)."""
-  from agentrl_jax.data import collect
+  """The stitched builder as a job (module docstring); returns a `writers.CollectResult` (no episodes)."""
+  from agentrl_jax.data import writers
   from agentrl_jax.rollout import engine as engine_lib
   from agentrl_jax.tools import executors as tool_executors
 
@@ -401,12 +401,12 @@ def run(config: ml_collections.ConfigDict, workdir: str):
       log.info("stitch: skipping row %d: %s (%s)", row.index, got.reason, got.detail)
       continue
     record = rec.PromptRecord(row.prompt, row.data_source, row.answer or "", row.extra_info, row.index)
-    rows.append(collect.sft_row(got.messages, tools, record, output_mode=cfg.output_mode))
+    rows.append(writers.sft_row(got.messages, tools, record, output_mode=cfg.output_mode))
 
   # ---------------------------------------------------------------------------------------------- outputs
-  out_path = collect.output_path(workdir, cfg.output)
+  out_path = writers.output_path(workdir, cfg.output)
   if rows:
-    collect.write_sft_parquet(out_path, rows)
+    writers.write_sft_parquet(out_path, rows)
   with open(os.path.join(workdir, "stitch_report.jsonl"), "w") as f:
     for entry in report:
       f.write(json.dumps(entry) + "\n")
@@ -419,4 +419,4 @@ def run(config: ml_collections.ConfigDict, workdir: str):
       "stitch: stitched %d of %d rows; skipped %d (%s) -> %s", len(rows), len(rows_in), skipped,
       ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()) if k != STITCHED) or "none",
       out_path if rows else "(nothing written)")
-  return collect.CollectResult(summary=summary, rows=rows, episodes=[])
+  return writers.CollectResult(summary=summary, rows=rows, episodes=[])

@@ -59,14 +59,10 @@ def init_model(cfg: ModelConfig, key: jax.Array, mesh: jax.sharding.Mesh) -> Qwe
 
 def load_params_from_checkpoint(path: str | os.PathLike, cfg: ModelConfig, mesh: jax.sharding.Mesh, *,
                                 step: int | None = None) -> Qwen:
-  """The model with params restored from one of our Orbax checkpoints (optimizer state is not read)."""
+  """The model with params restored from one of our Orbax checkpoints (`checkpoint.load_model`)."""
   from agentrl_jax import checkpoint as ckpt_lib
 
-  graphdef, abstract = nnx.split(hf_io.abstract_model(cfg))
-  target = ckpt_lib.abstract_state(abstract, sharding_lib.state_shardings(abstract, mesh))
-  with ckpt_lib.Checkpointer(path) as ckpt:
-    restored, _ = ckpt.restore({"train": {"params": target}}, step=step)
-  return nnx.merge(graphdef, restored["train"]["params"])
+  return ckpt_lib.load_model(path, cfg, mesh, step=step)
 
 
 def load_policy(m: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, key: jax.Array):

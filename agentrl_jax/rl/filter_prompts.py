@@ -214,7 +214,7 @@ def engine_sampler(job, *, k: int, reward_cfg, on_episode=None) -> SampleFn:
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """The filtering job (module docstring); returns the summary."""
   # ---------------------------------------------------------------------------------------------- config
-  from agentrl_jax.data import collect
+  from agentrl_jax.data import writers
   from agentrl_jax.rollout import jobs
 
   cfg = FilterConfig(**config.filter)
@@ -222,8 +222,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     raise ValueError(f"filter.k={cfg.k} exceeds rollout.batch_size={config.rollout.batch_size} (a prompt's samples "
                      "are decoded together)")
   band = cfg.band
-  out_path = collect.output_path(workdir, cfg.output)
-  report_path = collect.output_path(workdir, cfg.report)
+  out_path = writers.output_path(workdir, cfg.output)
+  report_path = writers.output_path(workdir, cfg.report)
   t_start = time.perf_counter()
 
   # ---------------------------------------------------------------------------------------------- prompts & policy
@@ -248,7 +248,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
   # ---------------------------------------------------------------------------------------------- outputs
   if rows:
-    collect.write_parquet(out_path, rows, nested=("prompt", "reward_model", "extra_info"))
+    writers.write_parquet(out_path, rows, nested=("prompt", "reward_model", "extra_info"))
   else:
     log.warning("filter: no prompt has a pass rate in %s; %s not written (see %s)", band, out_path, report_path)
   rates = [e["pass_rate"] for e in entries if e["pass_rate"] is not None]

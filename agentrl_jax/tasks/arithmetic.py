@@ -131,15 +131,3 @@ def write_rl_parquet(path: str, problems: list[Problem]) -> str:
 
   pd.DataFrame(rl_rows(problems)).to_parquet(path)
   return path
-
-
-def tokenizer_corpus(n: int = 200, seed: int = 0) -> list[str]:
-  """Text for training a tiny tokenizer that encodes this task's problems, tool calls and answers compactly."""
-  from agentrl_jax.tasks import teacher
-
-  out = []
-  for p in make_problems(n, seed=seed):
-    out.append(p.question)
-    out.append(teacher.tool_call_text(p.expression))
-    out.append(f"{p.answer}\nThe answer is \\boxed{{{p.answer}}}.")
-  return out

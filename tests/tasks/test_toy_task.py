@@ -6,6 +6,7 @@ import pytest
 from agentrl_jax import data, testing
 from agentrl_jax.models import tokenizer as tok_lib
 from agentrl_jax.tasks import arithmetic, teacher
+from agentrl_jax.tasks import tokenizer as task_tokenizer
 from agentrl_jax.tools import base, executors
 
 
@@ -75,6 +76,6 @@ def test_sft_parquet_builds_through_the_data_pipeline(tmp_path, executor):
 
 
 def test_tokenizer_corpus_compresses_task_text(tmp_path):
-  tok = tok_lib.build_tiny_tokenizer(tmp_path / "tok", vocab_size=1024, corpus=arithmetic.tokenizer_corpus(300))
+  tok = tok_lib.build_tiny_tokenizer(tmp_path / "tok", vocab_size=1024, corpus=task_tokenizer.corpus(300))
   call = teacher.tool_call_text("37*41")
   assert len(tok.encode(call, add_special_tokens=False)) < 0.5 * len(call)
