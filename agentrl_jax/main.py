@@ -13,6 +13,11 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:arg]).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and samples.")
+# One JAX process per host (multi-controller); the flags win over JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
+# JAX_PROCESS_ID. AGENTRL_DISTRIBUTED=1 (launch/tpu_vm.sh) lets JAX find them itself on a TPU slice.
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for several processes.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "JAX processes of the run (one per host).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
 
 # job name -> module whose `run(config, workdir)` executes it
 JOBS = {
@@ -24,6 +29,21 @@ JOBS = {
     "collect": "agentrl_jax.data.collect",
     "filter": "agentrl_jax.rl.filter_prompts",
 }
+
+
+def distributed_args(coordinator, num_processes, process_id, env) -> dict | None:
+  """`jax.distributed.initialize` arguments from the flags or the environment; None for a single process."""
+  coordinator = coordinator or env.get("JAX_COORDINATOR_ADDRESS")
+  num_processes = num_processes if num_processes is not None else int(env.get("JAX_NUM_PROCESSES", 1))
+  process_id = process_id if process_id is not None else int(env.get("JAX_PROCESS_ID", 0))
+  if env.get("AGENTRL_DISTRIBUTED") == "1" and not coordinator:
+    return {}  # a TPU slice: JAX reads the topology from the TPU metadata
+  if num_processes <= 1:
+    return None
+  if not coordinator or not 0 <= process_id < num_processes:
+    raise app.UsageError(f"{num_processes} processes need --coordinator_address and a --process_id in "
+                         f"[0, {num_processes}), got {coordinator!r} and {process_id}")
+  return {"coordinator_address": coordinator, "num_processes": num_processes, "process_id": process_id}
 
 
 def main(argv):
@@ -38,10 +58,11 @@ def main(argv):
   job = config.get("job")
   if job not in JOBS:
     raise app.UsageError(f"config.job={job!r} is not one of {sorted(JOBS)}")
-  if os.environ.get("AGENTRL_DISTRIBUTED") == "1":  # multi-host TPU slices (launch/tpu_vm.sh sets it)
+  distributed = distributed_args(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, os.environ)
+  if distributed is not None:
     import jax
 
-    jax.distributed.initialize()
+    jax.distributed.initialize(**distributed)
   if "://" not in workdir:
     os.makedirs(workdir, exist_ok=True)
   logging.getLogger().setLevel(logging.INFO)
