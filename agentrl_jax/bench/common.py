@@ -26,86 +26,86 @@ TUNIX_REQUIREMENTS = os.path.join(REPO_ROOT, "agentrl_jax", "bench", "requiremen
 
 
 def timed(fn: Callable[[], object]) -> float:
-    """Wall seconds of `fn()`, blocking until every array it returns is ready."""
-    t = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - t
+  """Wall seconds of `fn()`, blocking until every array it returns is ready."""
+  t = time.perf_counter()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - t
 
 
 def matmul_peak_flops(n: int = 2048, repeats: int = 5, dtype=jnp.float32) -> float:
-    """Best FLOP/s of a jitted [n, n] @ [n, n] matmul over `repeats` runs (after one compile/warm-up run).
+  """Best FLOP/s of a jitted [n, n] @ [n, n] matmul over `repeats` runs (after one compile/warm-up run).
 
-    The best (not the mean) run is the peak: on a shared machine the slow runs measure other people's work.
-    """
-    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
-    b = jax.random.normal(jax.random.key(1), (n, n), dtype)
-    f = jax.jit(jnp.matmul)
-    jax.block_until_ready(f(a, b))
-    return 2.0 * n**3 / min(timed(lambda: f(a, b)) for _ in range(repeats))
+  The best (not the mean) run is the peak: on a shared machine the slow runs measure other people's work.
+  """
+  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+  b = jax.random.normal(jax.random.key(1), (n, n), dtype)
+  f = jax.jit(jnp.matmul)
+  jax.block_until_ready(f(a, b))
+  return 2.0 * n**3 / min(timed(lambda: f(a, b)) for _ in range(repeats))
 
 
 def matmul_params(cfg: ModelConfig) -> int:
-    """Parameters that take part in a matmul per token: all but norms and the (untied) input embedding table,
-    whose lookup is free; a tied table counts once, as the LM head."""
-    d, h = cfg.hidden_size, cfg.head_dim
-    norms = cfg.num_layers * (2 * d + (2 * h if cfg.qk_norm else 0)) + d
-    biases = cfg.num_layers * (cfg.num_heads + 2 * cfg.num_kv_heads) * h if cfg.qkv_bias else 0
-    table = 0 if cfg.tie_embeddings else cfg.vocab_size * d
-    return cfg.param_count() - norms - biases - table
+  """Parameters that take part in a matmul per token: all but norms and the (untied) input embedding table,
+  whose lookup is free; a tied table counts once, as the LM head."""
+  d, h = cfg.hidden_size, cfg.head_dim
+  norms = cfg.num_layers * (2 * d + (2 * h if cfg.qk_norm else 0)) + d
+  biases = cfg.num_layers * (cfg.num_heads + 2 * cfg.num_kv_heads) * h if cfg.qkv_bias else 0
+  table = 0 if cfg.tie_embeddings else cfg.vocab_size * d
+  return cfg.param_count() - norms - biases - table
 
 
 def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Model FLOPs of one training token (forward + backward), PaLM's MFU convention (arXiv 2204.02311, B):
+  """Model FLOPs of one training token (forward + backward), PaLM's MFU convention (arXiv 2204.02311, B):
 
-        6 * N + 12 * L * n_heads * head_dim * T
+      6 * N + 12 * L * n_heads * head_dim * T
 
-    N = matmul_params(cfg) (the LM head included), T = sequence length. The attention term counts the full
-    T x T score and value matmuls (as our kernel computes them); rematerialisation is not counted.
-    """
-    return 6.0 * matmul_params(cfg) + 12.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len
+  N = matmul_params(cfg) (the LM head included), T = sequence length. The attention term counts the full
+  T x T score and value matmuls (as our kernel computes them); rematerialisation is not counted.
+  """
+  return 6.0 * matmul_params(cfg) + 12.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len
 
 
 def summary(xs: list[float]) -> dict[str, float]:
-    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+  return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
 
 
 def tunix_python() -> str | None:
-    """The side venv's python (Tunix pins safetensors<0.8, which our pinned transformers cannot use, so it
-    lives outside .venv: `python3.11 -m venv .venv-tunix && .venv-tunix/bin/pip install -r
-    agentrl_jax/bench/requirements-tunix.txt`); None when it is missing."""
-    exe = os.path.join(TUNIX_VENV, "bin", "python")
-    return exe if os.path.exists(exe) else None
+  """The side venv's python (Tunix pins safetensors<0.8, which our pinned transformers cannot use, so it
+  lives outside .venv: `python3.11 -m venv .venv-tunix && .venv-tunix/bin/pip install -r
+  agentrl_jax/bench/requirements-tunix.txt`); None when it is missing."""
+  exe = os.path.join(TUNIX_VENV, "bin", "python")
+  return exe if os.path.exists(exe) else None
 
 
 def log(msg: str) -> None:
-    """Progress to stderr, so stdout carries only the one JSON line."""
-    print(msg, file=sys.stderr, flush=True)
+  """Progress to stderr, so stdout carries only the one JSON line."""
+  print(msg, file=sys.stderr, flush=True)
 
 
 class SideProcess:
-    """A worker script run in another interpreter (Tunix's side venv), driven by a line protocol on stdin/stdout:
-    it prints one JSON line when ready, answers `run N` with one JSON line, and exits on `quit`."""
+  """A worker script run in another interpreter (Tunix's side venv), driven by a line protocol on stdin/stdout:
+  it prints one JSON line when ready, answers `run N` with one JSON line, and exits on `quit`."""
 
-    def __init__(self, python: str, script: str, args: list[str]):
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
-        env = dict(os.environ, JAX_PLATFORMS="cpu")
-        self.proc = subprocess.Popen([python, path, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env=env)
-        self.first = self._read()
+  def __init__(self, python: str, script: str, args: list[str]):
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    self.proc = subprocess.Popen([python, path, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 env=env)
+    self.first = self._read()
 
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"worker {self.proc.args[1]} exited with code {self.proc.wait()} (its stderr is above)")
-        return json.loads(line)
+  def _read(self) -> dict:
+    line = self.proc.stdout.readline()
+    if not line:
+      raise RuntimeError(f"worker {self.proc.args[1]} exited with code {self.proc.wait()} (its stderr is above)")
+    return json.loads(line)
 
-    def run(self, n: int) -> dict:
-        self.proc.stdin.write(f"run {n}\n")
-        self.proc.stdin.flush()
-        return self._read()
+  def run(self, n: int) -> dict:
+    self.proc.stdin.write(f"run {n}\n")
+    self.proc.stdin.flush()
+    return self._read()
 
-    def close(self, timeout: float = 120):
-        if self.proc.poll() is None:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.close()
-            self.proc.wait(timeout=timeout)
+  def close(self, timeout: float = 120):
+    if self.proc.poll() is None:
+      self.proc.stdin.write("quit\n")
+      self.proc.stdin.close()
+      self.proc.wait(timeout=timeout)

@@ -58,220 +58,220 @@ _WORDS = ("let", "me", "compute", "the", "sum", "of", "digits", "first", "then",
 
 
 def make_workload(tokenizer, groups: int, n: int, tool_turns: int, seed: int):
-    """Prompts (chat-rendered token ids) and per-episode scripted turns (token ids)."""
-    rng = np.random.default_rng(seed)
-    prompts, scripts = [], []
-    for g in range(groups):
-        q = f"Question {g}: what is {rng.integers(10, 99)} times {rng.integers(10, 99)}? Use the code tool."
-        text = tokenizer_lib.render_chat(tokenizer, [{"role": "user", "content": q}], tools=[TOOL_SCHEMA],
-                                         add_generation_prompt=True)
-        prompts.append(tokenizer.encode(text, add_special_tokens=False))
-        for _ in range(n):
-            turns = []
-            for t in range(tool_turns + 1):
-                words = " ".join(rng.choice(_WORDS, size=int(rng.integers(8, 57))))  # ~16-112 tokens
-                if t < tool_turns:
-                    code = f"print({rng.integers(100, 999)} * {rng.integers(100, 999)})"
-                    call = json.dumps({"name": "code_interpreter", "arguments": {"code": code}})
-                    turns.append(f"{words}\n<tool_call>\n{call}\n</tool_call>")
-                else:
-                    turns.append(f"{words}. The answer is \\boxed{{{rng.integers(1000, 9999)}}}.<|im_end|>")
-            scripts.append([tokenizer.encode(t, add_special_tokens=False) for t in turns])
-    return prompts, scripts
+  """Prompts (chat-rendered token ids) and per-episode scripted turns (token ids)."""
+  rng = np.random.default_rng(seed)
+  prompts, scripts = [], []
+  for g in range(groups):
+    q = f"Question {g}: what is {rng.integers(10, 99)} times {rng.integers(10, 99)}? Use the code tool."
+    text = tokenizer_lib.render_chat(tokenizer, [{"role": "user", "content": q}], tools=[TOOL_SCHEMA],
+                                     add_generation_prompt=True)
+    prompts.append(tokenizer.encode(text, add_special_tokens=False))
+    for _ in range(n):
+      turns = []
+      for t in range(tool_turns + 1):
+        words = " ".join(rng.choice(_WORDS, size=int(rng.integers(8, 57))))  # ~16-112 tokens
+        if t < tool_turns:
+          code = f"print({rng.integers(100, 999)} * {rng.integers(100, 999)})"
+          call = json.dumps({"name": "code_interpreter", "arguments": {"code": code}})
+          turns.append(f"{words}\n<tool_call>\n{call}\n</tool_call>")
+        else:
+          turns.append(f"{words}. The answer is \\boxed{{{rng.integers(1000, 9999)}}}.<|im_end|>")
+      scripts.append([tokenizer.encode(t, add_special_tokens=False) for t in turns])
+  return prompts, scripts
 
 
 def tool_output(code: str) -> ExecResult:
-    """Deterministic stand-in output: the product, then 0-5 more lines (so tool responses vary in length)."""
-    nums = [int(x) for x in re.findall(r"\d+", code)] or [0]
-    value = int(np.prod(nums))
-    lines = [str(value)] + [f"check {i}: {value + i}" for i in range(value % 6)]
-    return ExecResult("ok", stdout="\n".join(lines) + "\n")
+  """Deterministic stand-in output: the product, then 0-5 more lines (so tool responses vary in length)."""
+  nums = [int(x) for x in re.findall(r"\d+", code)] or [0]
+  value = int(np.prod(nums))
+  lines = [str(value)] + [f"check {i}: {value + i}" for i in range(value % 6)]
+  return ExecResult("ok", stdout="\n".join(lines) + "\n")
 
 
 @dataclasses.dataclass
 class ReprefillStats:
-    prefilled_tokens: int = 0
-    padded_prefill_tokens: int = 0
+  prefilled_tokens: int = 0
+  padded_prefill_tokens: int = 0
 
 
 def run_reprefill(sampler, params, prompts, scripts, n, tokenizer, executor, cfg: RolloutConfig, key):
-    """The re-prefill loop: every turn, prefill each episode's whole chat so far into a fresh cache.
+  """The re-prefill loop: every turn, prefill each episode's whole chat so far into a fresh cache.
 
-    Synchronous per turn (all episodes decode their turn, then all their tools run), as an agentic rollout that
-    calls a stateless generate() per turn does. Returns (response token lists, stats).
-    """
-    stats = ReprefillStats()
-    renderer = ToolResponseRenderer(tokenizer)
-    episodes = [(g, s) for g in range(len(prompts)) for s in range(n)]
-    resp = [[] for _ in episodes]
-    live = list(range(len(episodes)))
-    turn = 0
-    b = sampler.batch
-    while live:
-        for lo in range(0, len(live), b):
-            chunk = live[lo:lo + b]
-            ctx = [list(prompts[episodes[e][0]]) + resp[e] for e in chunk]
-            t = bucket(max(len(c) for c in ctx), cfg.prompt_bucket_min)
-            rows = len(chunk)
-            tokens = np.zeros((b, t), np.int32)
-            lengths = np.zeros((b,), np.int32)
-            forced = np.full((b, sampler.n_forced), -1, np.int32)
-            for i, (e, c) in enumerate(zip(chunk, ctx)):
-                tokens[i, :len(c)] = c
-                lengths[i] = len(c)
-                script = scripts[e][turn] if turn < len(scripts[e]) else []
-                forced[i, :len(script)] = script
-                stats.prefilled_tokens += len(c)
-            stats.padded_prefill_tokens += b * t
-            slots = np.full((b,), b, np.int32)
-            slots[:rows] = np.arange(rows)
-            budgets = np.full((b,), cfg.max_response_len, np.int32)
-            state = sampler.init(bucket(t + cfg.segment_len, cfg.cache_bucket_min), jax.random.fold_in(key, turn))
-            state, draw = sampler.prefill_groups(1, params, state, tokens, lengths, slots, budgets, forced)
-            draw = jax.device_get(draw)
-            new = [[int(draw.token[i])] for i in range(rows)]
-            running = [draw.stop_reason[i] == StopReason.RUNNING for i in range(rows)]
-            drawn = 1
-            while any(running):
-                need = t + drawn + cfg.segment_len
-                if need > state.capacity:
-                    state = sampler.grow(state, bucket(need, cfg.cache_bucket_min))
-                state, seg = sampler.decode(params, state, jnp.int32(cfg.segment_len), jnp.int32(2**31 - 1))
-                seg = jax.device_get(seg)
-                drawn += cfg.segment_len
-                for i in range(rows):
-                    new[i].extend(seg.tokens[i, :int(seg.num[i])].tolist())
-                    running[i] = bool(seg.active[i])
-            del state
-            for i, e in enumerate(chunk):
-                resp[e].extend(new[i])
-        # tools for every episode that paused at a call, all at once
-        futures, nxt = {}, []
-        for e in live:
-            text = tokenizer.decode(resp[e][-_turn_len(resp[e], tokenizer):], skip_special_tokens=False)
-            calls = parse_tool_calls(text, cfg.tool_names) if resp[e][-1] in sampler.sampling.tool_end_token_ids else []
-            if calls and calls[0].ok:
-                futures[e] = executor.submit(prepare_code(calls[0].code))
-                nxt.append(e)
-        for e in nxt:
-            out = format_result(futures[e].result(), cfg.max_tool_output_chars)
-            resp[e].extend(renderer.chunk(resp[e][-1], [out])[1:])
-        live = nxt
-        turn += 1
-    return resp, stats
+  Synchronous per turn (all episodes decode their turn, then all their tools run), as an agentic rollout that
+  calls a stateless generate() per turn does. Returns (response token lists, stats).
+  """
+  stats = ReprefillStats()
+  renderer = ToolResponseRenderer(tokenizer)
+  episodes = [(g, s) for g in range(len(prompts)) for s in range(n)]
+  resp = [[] for _ in episodes]
+  live = list(range(len(episodes)))
+  turn = 0
+  b = sampler.batch
+  while live:
+    for lo in range(0, len(live), b):
+      chunk = live[lo:lo + b]
+      ctx = [list(prompts[episodes[e][0]]) + resp[e] for e in chunk]
+      t = bucket(max(len(c) for c in ctx), cfg.prompt_bucket_min)
+      rows = len(chunk)
+      tokens = np.zeros((b, t), np.int32)
+      lengths = np.zeros((b,), np.int32)
+      forced = np.full((b, sampler.n_forced), -1, np.int32)
+      for i, (e, c) in enumerate(zip(chunk, ctx)):
+        tokens[i, :len(c)] = c
+        lengths[i] = len(c)
+        script = scripts[e][turn] if turn < len(scripts[e]) else []
+        forced[i, :len(script)] = script
+        stats.prefilled_tokens += len(c)
+      stats.padded_prefill_tokens += b * t
+      slots = np.full((b,), b, np.int32)
+      slots[:rows] = np.arange(rows)
+      budgets = np.full((b,), cfg.max_response_len, np.int32)
+      state = sampler.init(bucket(t + cfg.segment_len, cfg.cache_bucket_min), jax.random.fold_in(key, turn))
+      state, draw = sampler.prefill_groups(1, params, state, tokens, lengths, slots, budgets, forced)
+      draw = jax.device_get(draw)
+      new = [[int(draw.token[i])] for i in range(rows)]
+      running = [draw.stop_reason[i] == StopReason.RUNNING for i in range(rows)]
+      drawn = 1
+      while any(running):
+        need = t + drawn + cfg.segment_len
+        if need > state.capacity:
+          state = sampler.grow(state, bucket(need, cfg.cache_bucket_min))
+        state, seg = sampler.decode(params, state, jnp.int32(cfg.segment_len), jnp.int32(2**31 - 1))
+        seg = jax.device_get(seg)
+        drawn += cfg.segment_len
+        for i in range(rows):
+          new[i].extend(seg.tokens[i, :int(seg.num[i])].tolist())
+          running[i] = bool(seg.active[i])
+      del state
+      for i, e in enumerate(chunk):
+        resp[e].extend(new[i])
+    # tools for every episode that paused at a call, all at once
+    futures, nxt = {}, []
+    for e in live:
+      text = tokenizer.decode(resp[e][-_turn_len(resp[e], tokenizer):], skip_special_tokens=False)
+      calls = parse_tool_calls(text, cfg.tool_names) if resp[e][-1] in sampler.sampling.tool_end_token_ids else []
+      if calls and calls[0].ok:
+        futures[e] = executor.submit(prepare_code(calls[0].code))
+        nxt.append(e)
+    for e in nxt:
+      out = format_result(futures[e].result(), cfg.max_tool_output_chars)
+      resp[e].extend(renderer.chunk(resp[e][-1], [out])[1:])
+    live = nxt
+    turn += 1
+  return resp, stats
 
 
 def _turn_len(resp, tokenizer) -> int:
-    """Tokens of the last assistant turn (after the last '<|im_start|>assistant\\n')."""
-    start = tokenizer.convert_tokens_to_ids(tokenizer_lib.IM_START)
-    for i in range(len(resp) - 1, -1, -1):
-        if resp[i] == start:
-            return len(resp) - i
-    return len(resp)
+  """Tokens of the last assistant turn (after the last '<|im_start|>assistant\\n')."""
+  start = tokenizer.convert_tokens_to_ids(tokenizer_lib.IM_START)
+  for i in range(len(resp) - 1, -1, -1):
+    if resp[i] == start:
+      return len(resp) - i
+  return len(resp)
 
 
 def run(args) -> dict:
-    cfg_model = ModelConfig.by_name(args.size)
-    tok = testing.tiny_tokenizer()
-    if cfg_model.vocab_size < len(tok):
-        raise SystemExit(f"{args.size}: vocab {cfg_model.vocab_size} < tokenizer {len(tok)}")
-    model = Qwen(cfg_model, rngs=nnx.Rngs(args.seed))
-    graphdef, params = nnx.split(model)
-    prompts, scripts = make_workload(tok, args.groups, args.n, args.tool_turns, args.seed)
-    episodes = args.groups * args.n
-    n_forced = max(len(t) for s in scripts for t in s)
-    end_ids, tool_end_ids = stop_token_ids(tok)
-    sampling = SamplingConfig(end_token_ids=end_ids, tool_end_token_ids=tool_end_ids, segment_len=args.segment_len)
-    batch = episodes if args.batch is None else args.batch
-    sampler = make_sampler(graphdef, cfg_model, sampling, batch=batch, n_forced=n_forced)
-    executor = stub_executor(tool_output, latency_s=args.tool_latency, max_concurrency=episodes)
-    base = RolloutConfig(batch_size=batch, segment_len=args.segment_len, max_prompt_len=1024, max_response_len=4096,
-                         min_tool_stops=args.min_tool_stops, groups_per_prefill=args.groups_per_prefill)
-    variants = {"pause": base.replace(overlap_tools=False), "overlap": base.replace(overlap_tools=True)}
-    default = "overlap" if base.overlap_tools else "pause"
+  cfg_model = ModelConfig.by_name(args.size)
+  tok = testing.tiny_tokenizer()
+  if cfg_model.vocab_size < len(tok):
+    raise SystemExit(f"{args.size}: vocab {cfg_model.vocab_size} < tokenizer {len(tok)}")
+  model = Qwen(cfg_model, rngs=nnx.Rngs(args.seed))
+  graphdef, params = nnx.split(model)
+  prompts, scripts = make_workload(tok, args.groups, args.n, args.tool_turns, args.seed)
+  episodes = args.groups * args.n
+  n_forced = max(len(t) for s in scripts for t in s)
+  end_ids, tool_end_ids = stop_token_ids(tok)
+  sampling = SamplingConfig(end_token_ids=end_ids, tool_end_token_ids=tool_end_ids, segment_len=args.segment_len)
+  batch = episodes if args.batch is None else args.batch
+  sampler = make_sampler(graphdef, cfg_model, sampling, batch=batch, n_forced=n_forced)
+  executor = stub_executor(tool_output, latency_s=args.tool_latency, max_concurrency=episodes)
+  base = RolloutConfig(batch_size=batch, segment_len=args.segment_len, max_prompt_len=1024, max_response_len=4096,
+                       min_tool_stops=args.min_tool_stops, groups_per_prefill=args.groups_per_prefill)
+  variants = {"pause": base.replace(overlap_tools=False), "overlap": base.replace(overlap_tools=True)}
+  default = "overlap" if base.overlap_tools else "pause"
 
-    def ours(name, r):
-        eps, st = agent_loop.run_rollout(sampler, params, prompts, n=args.n, tokenizer=tok, executor=executor,
-                                         cfg=variants[name], key=jax.random.key(r), scripts=scripts)
-        return eps, st
+  def ours(name, r):
+    eps, st = agent_loop.run_rollout(sampler, params, prompts, n=args.n, tokenizer=tok, executor=executor,
+                                     cfg=variants[name], key=jax.random.key(r), scripts=scripts)
+    return eps, st
 
-    def reprefill(r):
-        return run_reprefill(sampler, params, prompts, scripts, args.n, tok, executor, base, jax.random.key(r))
+  def reprefill(r):
+    return run_reprefill(sampler, params, prompts, scripts, args.n, tok, executor, base, jax.random.key(r))
 
-    out = {"bench": "rollout", "size": args.size, "episodes": episodes, "groups": args.groups, "n": args.n,
-           "tool_turns": args.tool_turns, "tool_latency_s": args.tool_latency, "batch": batch,
-           "segment_len": args.segment_len, "min_tool_stops": args.min_tool_stops}
-    common.log(f"[bench.rollout] warm-up (compiles) on {args.size}, {episodes} episodes")
-    t0 = time.perf_counter()
-    eps, st = ours(default, 0)
-    ours("overlap" if default == "pause" else "pause", 0)
-    ref, rst = reprefill(0)
-    out["compile_s"] = time.perf_counter() - t0
-    ours_resp = [e.response_ids.tolist() for e in eps]
-    out["transcripts_match"] = ours_resp == ref
-    out["num_tool_calls"] = int(sum(e.num_tool_calls for e in eps))
-    out["stop_reasons"] = sorted({e.stop_reason for e in eps})
-    out["prefilled_tokens"] = st.prefilled_tokens
-    out["expected_prefill_tokens"] = (sum(len(p) for p in prompts)
-                                      + sum(int((1 - e.loss_mask).sum()) for e in eps))
-    out["generated_tokens"] = st.generated_tokens
-    out["reprefill_prefilled_tokens"] = rst.prefilled_tokens
-    out["ours_padded_prefill_tokens"] = st.padded_prefill_tokens
-    out["reprefill_padded_prefill_tokens"] = rst.padded_prefill_tokens
+  out = {"bench": "rollout", "size": args.size, "episodes": episodes, "groups": args.groups, "n": args.n,
+         "tool_turns": args.tool_turns, "tool_latency_s": args.tool_latency, "batch": batch,
+         "segment_len": args.segment_len, "min_tool_stops": args.min_tool_stops}
+  common.log(f"[bench.rollout] warm-up (compiles) on {args.size}, {episodes} episodes")
+  t0 = time.perf_counter()
+  eps, st = ours(default, 0)
+  ours("overlap" if default == "pause" else "pause", 0)
+  ref, rst = reprefill(0)
+  out["compile_s"] = time.perf_counter() - t0
+  ours_resp = [e.response_ids.tolist() for e in eps]
+  out["transcripts_match"] = ours_resp == ref
+  out["num_tool_calls"] = int(sum(e.num_tool_calls for e in eps))
+  out["stop_reasons"] = sorted({e.stop_reason for e in eps})
+  out["prefilled_tokens"] = st.prefilled_tokens
+  out["expected_prefill_tokens"] = (sum(len(p) for p in prompts)
+                                    + sum(int((1 - e.loss_mask).sum()) for e in eps))
+  out["generated_tokens"] = st.generated_tokens
+  out["reprefill_prefilled_tokens"] = rst.prefilled_tokens
+  out["ours_padded_prefill_tokens"] = st.padded_prefill_tokens
+  out["reprefill_padded_prefill_tokens"] = rst.padded_prefill_tokens
 
-    times = {"pause": [], "overlap": [], "reprefill": []}
-    extra = {"pause": [], "overlap": []}
-    traces0 = sum(TRACE_COUNTS.values())
-    for r in range(args.rounds):
-        for name in ("pause", "overlap"):
-            t0 = time.perf_counter()
-            _, st = ours(name, r + 1)
-            times[name].append(time.perf_counter() - t0)
-            extra[name].append(st)
-        t0 = time.perf_counter()
-        reprefill(r + 1)
-        times["reprefill"].append(time.perf_counter() - t0)
-        common.log(f"[bench.rollout] round {r}: pause {times['pause'][-1]:.2f} s, overlap {times['overlap'][-1]:.2f} s,"
-                   f" reprefill {times['reprefill'][-1]:.2f} s")
-    out["traces_in_rounds"] = sum(TRACE_COUNTS.values()) - traces0
-    executor.close()
-    med = statistics.median
-    eps_s = lambda xs: [episodes / x for x in xs]  # noqa: E731
-    out["default_mode"] = default
-    out["ours_episodes_s"] = med(eps_s(times[default]))
-    out["reprefill_episodes_s"] = med(eps_s(times["reprefill"]))
-    out["pause_episodes_s"] = med(eps_s(times["pause"]))
-    out["overlap_episodes_s"] = med(eps_s(times["overlap"]))
-    ratios = [p / o for p, o in zip(times["reprefill"], times[default])]
-    out["speedup"] = med(ratios)
-    out["speedup_min"], out["speedup_max"] = min(ratios), max(ratios)
-    out["overlap_vs_pause"] = med([p / o for p, o in zip(times["pause"], times["overlap"])])
+  times = {"pause": [], "overlap": [], "reprefill": []}
+  extra = {"pause": [], "overlap": []}
+  traces0 = sum(TRACE_COUNTS.values())
+  for r in range(args.rounds):
     for name in ("pause", "overlap"):
-        s = extra[name][-1]
-        out[f"{name}_decode_steps"] = s.decode_steps
-        out[f"{name}_extend_calls"] = s.extend_calls
-        out[f"{name}_decode_calls"] = s.decode_calls
-        out[f"{name}_tool_wait_s"] = s.tool_wait_s
-    out["seconds"] = {k: [round(x, 3) for x in v] for k, v in times.items()}
-    return out
+      t0 = time.perf_counter()
+      _, st = ours(name, r + 1)
+      times[name].append(time.perf_counter() - t0)
+      extra[name].append(st)
+    t0 = time.perf_counter()
+    reprefill(r + 1)
+    times["reprefill"].append(time.perf_counter() - t0)
+    common.log(f"[bench.rollout] round {r}: pause {times['pause'][-1]:.2f} s, overlap {times['overlap'][-1]:.2f} s,"
+               f" reprefill {times['reprefill'][-1]:.2f} s")
+  out["traces_in_rounds"] = sum(TRACE_COUNTS.values()) - traces0
+  executor.close()
+  med = statistics.median
+  eps_s = lambda xs: [episodes / x for x in xs]  # noqa: E731
+  out["default_mode"] = default
+  out["ours_episodes_s"] = med(eps_s(times[default]))
+  out["reprefill_episodes_s"] = med(eps_s(times["reprefill"]))
+  out["pause_episodes_s"] = med(eps_s(times["pause"]))
+  out["overlap_episodes_s"] = med(eps_s(times["overlap"]))
+  ratios = [p / o for p, o in zip(times["reprefill"], times[default])]
+  out["speedup"] = med(ratios)
+  out["speedup_min"], out["speedup_max"] = min(ratios), max(ratios)
+  out["overlap_vs_pause"] = med([p / o for p, o in zip(times["pause"], times["overlap"])])
+  for name in ("pause", "overlap"):
+    s = extra[name][-1]
+    out[f"{name}_decode_steps"] = s.decode_steps
+    out[f"{name}_extend_calls"] = s.extend_calls
+    out[f"{name}_decode_calls"] = s.decode_calls
+    out[f"{name}_tool_wait_s"] = s.tool_wait_s
+  out["seconds"] = {k: [round(x, 3) for x in v] for k, v in times.items()}
+  return out
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", default="bench_5m")
-    p.add_argument("--groups", type=int, default=16)
-    p.add_argument("--n", type=int, default=4)
-    p.add_argument("--batch", type=int, default=None, help="row slots; default: all episodes at once")
-    p.add_argument("--tool-turns", type=int, default=4)
-    p.add_argument("--tool-latency", type=float, default=0.05)
-    p.add_argument("--segment-len", type=int, default=64)
-    p.add_argument("--min-tool-stops", type=int, default=1)
-    p.add_argument("--groups-per-prefill", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    print(json.dumps(run(args)), flush=True)
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--size", default="bench_5m")
+  p.add_argument("--groups", type=int, default=16)
+  p.add_argument("--n", type=int, default=4)
+  p.add_argument("--batch", type=int, default=None, help="row slots; default: all episodes at once")
+  p.add_argument("--tool-turns", type=int, default=4)
+  p.add_argument("--tool-latency", type=float, default=0.05)
+  p.add_argument("--segment-len", type=int, default=64)
+  p.add_argument("--min-tool-stops", type=int, default=1)
+  p.add_argument("--groups-per-prefill", type=int, default=16)
+  p.add_argument("--rounds", type=int, default=3)
+  p.add_argument("--seed", type=int, default=0)
+  args = p.parse_args(argv)
+  print(json.dumps(run(args)), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+  main()

@@ -45,151 +45,151 @@ PAD_ID = 0
 
 
 def make_batch(cfg: ModelConfig, batch: int, seq: int, prompt_len: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Tokens (never the pad id: Tunix derives its attention mask from it), loss mask with a tool span,
-    per-sequence advantages."""
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(1, cfg.vocab_size, (batch, seq)).astype(np.int32)
-    mask = np.zeros((batch, seq), np.float32)
-    mask[:, prompt_len:] = 1
-    tool = slice(prompt_len + (seq - prompt_len) // 3, prompt_len + (seq - prompt_len) // 3 + (seq - prompt_len) // 8)
-    mask[:, tool] = 0
-    adv = rng.standard_normal(batch).astype(np.float32)
-    return {"tokens": tokens, "loss_mask": mask, "advantages": adv}
+  """Tokens (never the pad id: Tunix derives its attention mask from it), loss mask with a tool span,
+  per-sequence advantages."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(1, cfg.vocab_size, (batch, seq)).astype(np.int32)
+  mask = np.zeros((batch, seq), np.float32)
+  mask[:, prompt_len:] = 1
+  tool = slice(prompt_len + (seq - prompt_len) // 3, prompt_len + (seq - prompt_len) // 3 + (seq - prompt_len) // 8)
+  mask[:, tool] = 0
+  adv = rng.standard_normal(batch).astype(np.float32)
+  return {"tokens": tokens, "loss_mask": mask, "advantages": adv}
 
 
 class TunixWorker(common.SideProcess):
-    """The update_tunix.py subprocess (line protocol in its docstring)."""
+  """The update_tunix.py subprocess (line protocol in its docstring)."""
 
-    def __init__(self, python: str, hf_dir: str, batch_path: str):
-        super().__init__(python, "update_tunix.py", ["--hf-dir", hf_dir, "--batch", batch_path])
+  def __init__(self, python: str, hf_dir: str, batch_path: str):
+    super().__init__(python, "update_tunix.py", ["--hf-dir", hf_dir, "--batch", batch_path])
 
-    def run(self, n: int) -> tuple[list[float], list[float]]:
-        """(wall seconds, process CPU seconds) of n steps."""
-        out = super().run(n)
-        return out["times"], out["cpu"]
+  def run(self, n: int) -> tuple[list[float], list[float]]:
+    """(wall seconds, process CPU seconds) of n steps."""
+    out = super().run(n)
+    return out["times"], out["cpu"]
 
 
 def run(args) -> dict:
-    cfg = ModelConfig.by_name(args.model, param_dtype="float32", dtype="float32", remat=args.remat)
-    b, t = args.batch, args.seq
-    prompt_len = args.prompt_len if args.prompt_len is not None else t // 4
-    tokens_per_step = b * t
-    flops_per_step = common.train_flops_per_token(cfg, t) * tokens_per_step
+  cfg = ModelConfig.by_name(args.model, param_dtype="float32", dtype="float32", remat=args.remat)
+  b, t = args.batch, args.seq
+  prompt_len = args.prompt_len if args.prompt_len is not None else t // 4
+  tokens_per_step = b * t
+  flops_per_step = common.train_flops_per_token(cfg, t) * tokens_per_step
 
-    model = Qwen(cfg, rngs=nnx.Rngs(args.seed))
-    workdir = tempfile.mkdtemp(prefix="bench_update_")
-    hf_dir = hf_io.export_hf(model, os.path.join(workdir, "hf"))
+  model = Qwen(cfg, rngs=nnx.Rngs(args.seed))
+  workdir = tempfile.mkdtemp(prefix="bench_update_")
+  hf_dir = hf_io.export_hf(model, os.path.join(workdir, "hf"))
 
-    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-    opt_cfg = update_lib.OptimizerConfig(learning_rate=1e-6, grad_clip=1.0)
-    loss_cfg = losses.LossConfig()  # GRPO-TCR: token-mean, clip 0.2 / 0.28, dual clip 10, no KL
-    graphdef, state = update_lib.init_train_state(model, opt_cfg, mesh)
-    del model
-    shardings = update_lib.train_state_shardings(state, mesh)
-    update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh,
-                                       micro_batch_size=args.micro_batch or b, logits_chunk_size=args.chunk)
-    logprobs = update_lib.make_logprobs_fn(graphdef, shardings.params, mesh, micro_batch_size=args.micro_batch or b,
-                                           logits_chunk_size=args.chunk)
+  mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+  opt_cfg = update_lib.OptimizerConfig(learning_rate=1e-6, grad_clip=1.0)
+  loss_cfg = losses.LossConfig()  # GRPO-TCR: token-mean, clip 0.2 / 0.28, dual clip 10, no KL
+  graphdef, state = update_lib.init_train_state(model, opt_cfg, mesh)
+  del model
+  shardings = update_lib.train_state_shardings(state, mesh)
+  update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh,
+                                     micro_batch_size=args.micro_batch or b, logits_chunk_size=args.chunk)
+  logprobs = update_lib.make_logprobs_fn(graphdef, shardings.params, mesh, micro_batch_size=args.micro_batch or b,
+                                         logits_chunk_size=args.chunk)
 
-    batch = make_batch(cfg, b, t, prompt_len, args.seed)
-    logp = np.asarray(logprobs(state.params, {"tokens": batch["tokens"]}))
-    noise = np.random.default_rng(args.seed + 1).standard_normal(logp.shape).astype(np.float32)
-    batch["old_logp"] = logp + 0.3 * noise
-    batch_path = os.path.join(workdir, "batch.npz")
-    np.savez(batch_path, **batch, prompt_len=prompt_len, pad_id=PAD_ID)
-    batch = jax.device_put(batch, update_lib.batch_sharding(mesh))  # on device once, like Tunix's example
+  batch = make_batch(cfg, b, t, prompt_len, args.seed)
+  logp = np.asarray(logprobs(state.params, {"tokens": batch["tokens"]}))
+  noise = np.random.default_rng(args.seed + 1).standard_normal(logp.shape).astype(np.float32)
+  batch["old_logp"] = logp + 0.3 * noise
+  batch_path = os.path.join(workdir, "batch.npz")
+  np.savez(batch_path, **batch, prompt_len=prompt_len, pad_id=PAD_ID)
+  batch = jax.device_put(batch, update_lib.batch_sharding(mesh))  # on device once, like Tunix's example
 
-    out = {"bench": "update", "model": args.model, "params": cfg.param_count(), "batch": b, "seq": t,
-           "micro_batch": args.micro_batch or b, "logits_chunk": args.chunk, "dtype": "float32",
-           "flops_per_token": common.train_flops_per_token(cfg, t),
-           "flops_formula": "6*N + 12*L*n_heads*head_dim*T per token (PaLM), N = matmul params incl. LM head"}
+  out = {"bench": "update", "model": args.model, "params": cfg.param_count(), "batch": b, "seq": t,
+         "micro_batch": args.micro_batch or b, "logits_chunk": args.chunk, "dtype": "float32",
+         "flops_per_token": common.train_flops_per_token(cfg, t),
+         "flops_formula": "6*N + 12*L*n_heads*head_dim*T per token (PaLM), N = matmul params incl. LM head"}
 
-    common.log(f"[bench.update] compiling ours ({args.model}, B={b}, T={t})")
-    t0 = time.perf_counter()
-    state, metrics = update(state, batch, jax.random.key(0))
-    first = {k: float(v) for k, v in metrics.items()}
-    out["compile_s"] = time.perf_counter() - t0  # compile + first step
+  common.log(f"[bench.update] compiling ours ({args.model}, B={b}, T={t})")
+  t0 = time.perf_counter()
+  state, metrics = update(state, batch, jax.random.key(0))
+  first = {k: float(v) for k, v in metrics.items()}
+  out["compile_s"] = time.perf_counter() - t0  # compile + first step
 
-    worker = None
-    python = common.tunix_python()
-    if not args.no_tunix:
-        if python is None:
-            raise SystemExit(f"{common.TUNIX_VENV} is missing: create it from {common.TUNIX_REQUIREMENTS} "
-                             "(or pass --no-tunix)")
-        common.log("[bench.update] starting Tunix (load + compile)")
-        worker = TunixWorker(python, hf_dir, batch_path)
-        tf = worker.first
-        out["tunix_compile_s"] = tf["compile_s"]
-        out["loss"], out["tunix_loss"] = first["loss"], tf["loss"]
-        out["loss_rel_diff"] = abs(first["loss"] - tf["loss"]) / max(abs(tf["loss"]), 1e-12)
-        out["entropy"], out["tunix_entropy"] = first["entropy"], tf["entropy"]
-        if out["loss_rel_diff"] > 1e-3:
-            common.log(f"[bench.update] WARNING: first-step losses differ (ours {first['loss']}, Tunix {tf['loss']}):"
-                       " the two steps do not compute the same thing (Tunix ignores rope_theta: use 1e6)")
+  worker = None
+  python = common.tunix_python()
+  if not args.no_tunix:
+    if python is None:
+      raise SystemExit(f"{common.TUNIX_VENV} is missing: create it from {common.TUNIX_REQUIREMENTS} "
+                       "(or pass --no-tunix)")
+    common.log("[bench.update] starting Tunix (load + compile)")
+    worker = TunixWorker(python, hf_dir, batch_path)
+    tf = worker.first
+    out["tunix_compile_s"] = tf["compile_s"]
+    out["loss"], out["tunix_loss"] = first["loss"], tf["loss"]
+    out["loss_rel_diff"] = abs(first["loss"] - tf["loss"]) / max(abs(tf["loss"]), 1e-12)
+    out["entropy"], out["tunix_entropy"] = first["entropy"], tf["entropy"]
+    if out["loss_rel_diff"] > 1e-3:
+      common.log(f"[bench.update] WARNING: first-step losses differ (ours {first['loss']}, Tunix {tf['loss']}):"
+                 " the two steps do not compute the same thing (Tunix ignores rope_theta: use 1e6)")
 
-    cores = len(os.sched_getaffinity(0))
-    ours_best, tunix_best, peaks, speedups, ours_cpu, tunix_cpu = [], [], [], [], [], []
-    try:
-        for r in range(args.rounds):
-            peaks.append(common.matmul_peak_flops(args.matmul_n, repeats=args.matmul_repeats))
-            times = []
-            for i in range(args.steps):
-                t0, c0 = time.perf_counter(), time.process_time()
-                state, metrics = update(state, batch, jax.random.key(i))  # the old state is donated
-                jax.block_until_ready((state, metrics))
-                times.append(time.perf_counter() - t0)
-                ours_cpu.append((time.process_time() - c0) / times[-1] / cores)
-            ours_best.append(min(times))
-            msg = f"round {r}: matmul {peaks[-1] / 1e9:.1f} GFLOP/s, ours {ours_best[-1]:.3f} s"
-            if worker is not None:
-                wall, cpu = worker.run(args.steps)
-                tunix_best.append(min(wall))
-                tunix_cpu += [c / w / cores for c, w in zip(cpu, wall)]
-                speedups.append(tunix_best[-1] / ours_best[-1])
-                msg += f", tunix {tunix_best[-1]:.3f} s (ours {speedups[-1]:.2f}x)"
-            common.log("[bench.update] " + msg)
-    finally:
-        if worker is not None:
-            worker.close()
-
-    # The machine's peak is the best matmul seen in the whole run: a slow matmul measured someone else's load.
-    peak = max(peaks)
-    med = statistics.median
-    out.update(mfu=flops_per_step / min(ours_best) / peak, mfu_median=flops_per_step / med(ours_best) / peak,
-               tok_s=tokens_per_step / min(ours_best), tok_s_median=tokens_per_step / med(ours_best),
-               peak_gflops=peak / 1e9, peak_gflops_median=med(peaks) / 1e9,
-               achieved_gflops=flops_per_step / min(ours_best) / 1e9,
-               cpu_share_median=med(ours_cpu), cores=cores)
+  cores = len(os.sched_getaffinity(0))
+  ours_best, tunix_best, peaks, speedups, ours_cpu, tunix_cpu = [], [], [], [], [], []
+  try:
+    for r in range(args.rounds):
+      peaks.append(common.matmul_peak_flops(args.matmul_n, repeats=args.matmul_repeats))
+      times = []
+      for i in range(args.steps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        state, metrics = update(state, batch, jax.random.key(i))  # the old state is donated
+        jax.block_until_ready((state, metrics))
+        times.append(time.perf_counter() - t0)
+        ours_cpu.append((time.process_time() - c0) / times[-1] / cores)
+      ours_best.append(min(times))
+      msg = f"round {r}: matmul {peaks[-1] / 1e9:.1f} GFLOP/s, ours {ours_best[-1]:.3f} s"
+      if worker is not None:
+        wall, cpu = worker.run(args.steps)
+        tunix_best.append(min(wall))
+        tunix_cpu += [c / w / cores for c, w in zip(cpu, wall)]
+        speedups.append(tunix_best[-1] / ours_best[-1])
+        msg += f", tunix {tunix_best[-1]:.3f} s (ours {speedups[-1]:.2f}x)"
+      common.log("[bench.update] " + msg)
+  finally:
     if worker is not None:
-        out.update(tunix_tok_s=tokens_per_step / min(tunix_best), tunix_tok_s_median=tokens_per_step / med(tunix_best),
-                   tunix_mfu=flops_per_step / min(tunix_best) / peak, tunix_cpu_share_median=med(tunix_cpu),
-                   speedup=tokens_per_step / min(ours_best) / (tokens_per_step / min(tunix_best)),
-                   speedup_round_median=med(speedups), speedup_round_min=min(speedups),
-                   speedup_round_max=max(speedups))
-    else:
-        out["tunix_tok_s"] = None
-    out["rounds"], out["steps_per_round"] = args.rounds, args.steps
-    return out
+      worker.close()
+
+  # The machine's peak is the best matmul seen in the whole run: a slow matmul measured someone else's load.
+  peak = max(peaks)
+  med = statistics.median
+  out.update(mfu=flops_per_step / min(ours_best) / peak, mfu_median=flops_per_step / med(ours_best) / peak,
+             tok_s=tokens_per_step / min(ours_best), tok_s_median=tokens_per_step / med(ours_best),
+             peak_gflops=peak / 1e9, peak_gflops_median=med(peaks) / 1e9,
+             achieved_gflops=flops_per_step / min(ours_best) / 1e9,
+             cpu_share_median=med(ours_cpu), cores=cores)
+  if worker is not None:
+    out.update(tunix_tok_s=tokens_per_step / min(tunix_best), tunix_tok_s_median=tokens_per_step / med(tunix_best),
+               tunix_mfu=flops_per_step / min(tunix_best) / peak, tunix_cpu_share_median=med(tunix_cpu),
+               speedup=tokens_per_step / min(ours_best) / (tokens_per_step / min(tunix_best)),
+               speedup_round_median=med(speedups), speedup_round_min=min(speedups),
+               speedup_round_max=max(speedups))
+  else:
+    out["tunix_tok_s"] = None
+  out["rounds"], out["steps_per_round"] = args.rounds, args.steps
+  return out
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="bench_58m")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--prompt-len", type=int, default=None, help="default seq // 4")
-    p.add_argument("--micro-batch", type=int, default=None, help="default: the whole batch")
-    p.add_argument("--chunk", type=int, default=512, help="T-chunk of the fused LM head + log-softmax")
-    p.add_argument("--remat", action="store_true")
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--steps", type=int, default=2, help="timed steps per round (per side)")
-    p.add_argument("--matmul-n", type=int, default=2048)
-    p.add_argument("--matmul-repeats", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-tunix", action="store_true")
-    args = p.parse_args(argv)
-    print(json.dumps(run(args)), flush=True)
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--model", default="bench_58m")
+  p.add_argument("--batch", type=int, default=2)
+  p.add_argument("--seq", type=int, default=1024)
+  p.add_argument("--prompt-len", type=int, default=None, help="default seq // 4")
+  p.add_argument("--micro-batch", type=int, default=None, help="default: the whole batch")
+  p.add_argument("--chunk", type=int, default=512, help="T-chunk of the fused LM head + log-softmax")
+  p.add_argument("--remat", action="store_true")
+  p.add_argument("--rounds", type=int, default=4)
+  p.add_argument("--steps", type=int, default=2, help="timed steps per round (per side)")
+  p.add_argument("--matmul-n", type=int, default=2048)
+  p.add_argument("--matmul-repeats", type=int, default=8)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--no-tunix", action="store_true")
+  args = p.parse_args(argv)
+  print(json.dumps(run(args)), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+  main()

@@ -31,19 +31,19 @@ Mask = Shaped[Array, "B T"]
 
 
 class PolicyLossOutput(NamedTuple):
-    """Per-token outputs of a policy loss; every field is [B, T] float32 and exactly 0 where mask is 0.
+  """Per-token outputs of a policy loss; every field is [B, T] float32 and exactly 0 where mask is 0.
 
-    Attributes:
-      loss: per-token policy-gradient loss (TIS weight already applied).
-      clip_high: 1 where the upper clip bound was active (A > 0, ratio > 1 + clip_high).
-      clip_low: 1 where the lower clip bound was active (A < 0, ratio < 1 - clip_low).
-      dual_clip: 1 where the dual clip was active (A < 0, ratio > c).
-    """
+  Attributes:
+    loss: per-token policy-gradient loss (TIS weight already applied).
+    clip_high: 1 where the upper clip bound was active (A > 0, ratio > 1 + clip_high).
+    clip_low: 1 where the lower clip bound was active (A < 0, ratio < 1 - clip_low).
+    dual_clip: 1 where the dual clip was active (A < 0, ratio > c).
+  """
 
-    loss: Float[Array, "B T"]
-    clip_high: Float[Array, "B T"]
-    clip_low: Float[Array, "B T"]
-    dual_clip: Float[Array, "B T"]
+  loss: Float[Array, "B T"]
+  clip_high: Float[Array, "B T"]
+  clip_low: Float[Array, "B T"]
+  dual_clip: Float[Array, "B T"]
 
 
 PolicyLossFn = Callable[..., PolicyLossOutput]
@@ -53,40 +53,40 @@ _KLS: dict[str, KLFn] = {}
 
 
 def register_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Registers a policy loss `fn(logp, logp_old, advantages, mask, cfg, logp_sampler=None)` under `name`."""
+  """Registers a policy loss `fn(logp, logp_old, advantages, mask, cfg, logp_sampler=None)` under `name`."""
 
-    def deco(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in _LOSSES and _LOSSES[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        _LOSSES[name] = fn
-        return fn
+  def deco(fn: PolicyLossFn) -> PolicyLossFn:
+    if name in _LOSSES and _LOSSES[name] is not fn:
+      raise ValueError(f"policy loss {name!r} is already registered")
+    _LOSSES[name] = fn
+    return fn
 
-    return deco
+  return deco
 
 
 def get_loss(name: str) -> PolicyLossFn:
-    """Returns the policy loss registered as `name`; raises ValueError listing the known names."""
-    if name not in _LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; known: {sorted(_LOSSES)}")
-    return _LOSSES[name]
+  """Returns the policy loss registered as `name`; raises ValueError listing the known names."""
+  if name not in _LOSSES:
+    raise ValueError(f"unknown policy loss {name!r}; known: {sorted(_LOSSES)}")
+  return _LOSSES[name]
 
 
 def register_kl(*names: str) -> Callable[[KLFn], KLFn]:
-    """Registers a per-token KL estimator `fn(logp, logp_ref) -> [B, T]` under one or more names."""
+  """Registers a per-token KL estimator `fn(logp, logp_ref) -> [B, T]` under one or more names."""
 
-    def deco(fn: KLFn) -> KLFn:
-        for name in names:
-            _KLS[name] = fn
-        return fn
+  def deco(fn: KLFn) -> KLFn:
+    for name in names:
+      _KLS[name] = fn
+    return fn
 
-    return deco
+  return deco
 
 
 def get_kl(name: str) -> KLFn:
-    """Returns the KL estimator registered as `name`; raises ValueError listing the known names."""
-    if name not in _KLS:
-        raise ValueError(f"unknown KL estimator {name!r}; known: {sorted(_KLS)}")
-    return _KLS[name]
+  """Returns the KL estimator registered as `name`; raises ValueError listing the known names."""
+  if name not in _KLS:
+    raise ValueError(f"unknown KL estimator {name!r}; known: {sorted(_KLS)}")
+  return _KLS[name]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -96,69 +96,69 @@ def get_kl(name: str) -> KLFn:
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    """Loss settings; the defaults are the GRPO-TCR recipe (token-mean, clip 0.2/0.28, dual clip 10, no KL).
+  """Loss settings; the defaults are the GRPO-TCR recipe (token-mean, clip 0.2/0.28, dual clip 10, no KL).
 
-    Attributes:
-      policy_loss: registered policy loss name.
-      clip_low: ratio lower bound is 1 - clip_low (for A < 0).
-      clip_high: ratio upper bound is 1 + clip_high (for A > 0); clip-higher when > clip_low.
-      dual_clip_c: for A < 0 the loss is capped at -A * c (ratio > c); None disables. Must be > 1.
-      loss_agg_mode: one of AGG_MODES.
-      loss_scale_factor: divisor of seq-mean-token-sum-norm (verl: defaults to the padded response length T).
-        Set a constant when micro-batches are padded to different lengths, or the sum will not add up.
-      entropy_coeff: loss -= entropy_coeff * agg(entropy). 0 (the recipe): entropy is only a metric.
-      kl_coeff: loss += kl_coeff * agg(kl(logp, logp_ref)). 0 (the recipe): no reference model is needed.
-      kl_type: registered KL estimator name (k1, k2, k3/low_var_kl, abs, k1+, k3+).
-      tis_cap: truncated importance sampling between sampler and trainer log-probs: each token's loss is
-        weighted by min(exp(logp_old - logp_sampler), tis_cap). None disables.
-    """
+  Attributes:
+    policy_loss: registered policy loss name.
+    clip_low: ratio lower bound is 1 - clip_low (for A < 0).
+    clip_high: ratio upper bound is 1 + clip_high (for A > 0); clip-higher when > clip_low.
+    dual_clip_c: for A < 0 the loss is capped at -A * c (ratio > c); None disables. Must be > 1.
+    loss_agg_mode: one of AGG_MODES.
+    loss_scale_factor: divisor of seq-mean-token-sum-norm (verl: defaults to the padded response length T).
+      Set a constant when micro-batches are padded to different lengths, or the sum will not add up.
+    entropy_coeff: loss -= entropy_coeff * agg(entropy). 0 (the recipe): entropy is only a metric.
+    kl_coeff: loss += kl_coeff * agg(kl(logp, logp_ref)). 0 (the recipe): no reference model is needed.
+    kl_type: registered KL estimator name (k1, k2, k3/low_var_kl, abs, k1+, k3+).
+    tis_cap: truncated importance sampling between sampler and trainer log-probs: each token's loss is
+      weighted by min(exp(logp_old - logp_sampler), tis_cap). None disables.
+  """
 
-    policy_loss: str = "ppo_clip"
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    dual_clip_c: float | None = 10.0
-    loss_agg_mode: str = "token-mean"
-    loss_scale_factor: float | None = None
-    entropy_coeff: float = 0.0
-    kl_coeff: float = 0.0
-    kl_type: str = "low_var_kl"
-    tis_cap: float | None = None
+  policy_loss: str = "ppo_clip"
+  clip_low: float = 0.2
+  clip_high: float = 0.28
+  dual_clip_c: float | None = 10.0
+  loss_agg_mode: str = "token-mean"
+  loss_scale_factor: float | None = None
+  entropy_coeff: float = 0.0
+  kl_coeff: float = 0.0
+  kl_type: str = "low_var_kl"
+  tis_cap: float | None = None
 
-    def __post_init__(self):
-        def bad(field: str, why: str):
-            raise ValueError(f"LossConfig.{field} {why}, got {getattr(self, field)!r}")
+  def __post_init__(self):
+    def bad(field: str, why: str):
+      raise ValueError(f"LossConfig.{field} {why}, got {getattr(self, field)!r}")
 
-        for f in ("clip_low", "clip_high", "entropy_coeff", "kl_coeff"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                bad(f, "must be a finite number")
-        for f in ("dual_clip_c", "loss_scale_factor", "tis_cap"):
-            v = getattr(self, f)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-                bad(f, "must be None or a finite number")
-        if self.policy_loss not in _LOSSES:
-            bad("policy_loss", f"must be one of {sorted(_LOSSES)}")
-        if not 0.0 <= self.clip_low < 1.0:
-            bad("clip_low", "must be in [0, 1)")
-        if self.clip_high < 0.0:
-            bad("clip_high", "must be >= 0")
-        if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
-            bad("dual_clip_c", "must be > 1 (or None to disable)")
-        if self.loss_agg_mode not in AGG_MODES:
-            bad("loss_agg_mode", f"must be one of {AGG_MODES}")
-        if self.loss_scale_factor is not None and self.loss_scale_factor <= 0:
-            bad("loss_scale_factor", "must be > 0 (or None)")
-        if self.kl_coeff < 0.0:
-            bad("kl_coeff", "must be >= 0")
-        if self.kl_type not in _KLS:
-            bad("kl_type", f"must be one of {sorted(_KLS)}")
-        if self.tis_cap is not None and self.tis_cap <= 0.0:
-            bad("tis_cap", "must be > 0 (or None to disable)")
+    for f in ("clip_low", "clip_high", "entropy_coeff", "kl_coeff"):
+      v = getattr(self, f)
+      if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        bad(f, "must be a finite number")
+    for f in ("dual_clip_c", "loss_scale_factor", "tis_cap"):
+      v = getattr(self, f)
+      if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+        bad(f, "must be None or a finite number")
+    if self.policy_loss not in _LOSSES:
+      bad("policy_loss", f"must be one of {sorted(_LOSSES)}")
+    if not 0.0 <= self.clip_low < 1.0:
+      bad("clip_low", "must be in [0, 1)")
+    if self.clip_high < 0.0:
+      bad("clip_high", "must be >= 0")
+    if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
+      bad("dual_clip_c", "must be > 1 (or None to disable)")
+    if self.loss_agg_mode not in AGG_MODES:
+      bad("loss_agg_mode", f"must be one of {AGG_MODES}")
+    if self.loss_scale_factor is not None and self.loss_scale_factor <= 0:
+      bad("loss_scale_factor", "must be > 0 (or None)")
+    if self.kl_coeff < 0.0:
+      bad("kl_coeff", "must be >= 0")
+    if self.kl_type not in _KLS:
+      bad("kl_type", f"must be one of {sorted(_KLS)}")
+    if self.tis_cap is not None and self.tis_cap <= 0.0:
+      bad("tis_cap", "must be > 0 (or None to disable)")
 
-    @property
-    def needs_reference(self) -> bool:
-        """Whether a reference model must be loaded and run (only when the KL term is on)."""
-        return self.kl_coeff > 0.0
+  @property
+  def needs_reference(self) -> bool:
+    """Whether a reference model must be loaded and run (only when the KL term is on)."""
+    return self.kl_coeff > 0.0
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -168,36 +168,36 @@ class LossConfig:
 
 @register_kl("k1", "kl")
 def kl_k1(logp: Float[Array, "B T"], logp_ref: Float[Array, "B T"]) -> Float[Array, "B T"]:
-    """k1 = log pi - log pi_ref (unbiased, high variance, can be negative)."""
-    return logp - logp_ref
+  """k1 = log pi - log pi_ref (unbiased, high variance, can be negative)."""
+  return logp - logp_ref
 
 
 @register_kl("abs")
 def kl_abs(logp: Float[Array, "B T"], logp_ref: Float[Array, "B T"]) -> Float[Array, "B T"]:
-    """|log pi - log pi_ref|."""
-    return jnp.abs(logp - logp_ref)
+  """|log pi - log pi_ref|."""
+  return jnp.abs(logp - logp_ref)
 
 
 @register_kl("k2", "mse")
 def kl_k2(logp: Float[Array, "B T"], logp_ref: Float[Array, "B T"]) -> Float[Array, "B T"]:
-    """k2 = 0.5 * (log pi - log pi_ref)^2 (biased, low variance, its gradient is the KL's)."""
-    return 0.5 * jnp.square(logp - logp_ref)
+  """k2 = 0.5 * (log pi - log pi_ref)^2 (biased, low variance, its gradient is the KL's)."""
+  return 0.5 * jnp.square(logp - logp_ref)
 
 
 @register_kl("k3", "low_var_kl")
 def kl_k3(logp: Float[Array, "B T"], logp_ref: Float[Array, "B T"]) -> Float[Array, "B T"]:
-    """k3 = exp(d) - d - 1 with d = log pi_ref - log pi, clamped as verl does (d to +-20, k3 to +-10)."""
-    d = jnp.clip(logp_ref - logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return jnp.clip(jnp.exp(d) - d - 1.0, -10.0, 10.0)
+  """k3 = exp(d) - d - 1 with d = log pi_ref - log pi, clamped as verl does (d to +-20, k3 to +-10)."""
+  d = jnp.clip(logp_ref - logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+  return jnp.clip(jnp.exp(d) - d - 1.0, -10.0, 10.0)
 
 
 def _straight_through_k2(forward: KLFn) -> KLFn:
-    def fn(logp, logp_ref):
-        k2 = kl_k2(logp, logp_ref)
-        return k2 - lax.stop_gradient(k2) + lax.stop_gradient(forward(logp, logp_ref))
+  def fn(logp, logp_ref):
+    k2 = kl_k2(logp, logp_ref)
+    return k2 - lax.stop_gradient(k2) + lax.stop_gradient(forward(logp, logp_ref))
 
-    fn.__doc__ = f"Value of {forward.__name__}, gradient of k2 (unbiased KL gradient; verl's '+' variants)."
-    return fn
+  fn.__doc__ = f"Value of {forward.__name__}, gradient of k2 (unbiased KL gradient; verl's '+' variants)."
+  return fn
 
 
 register_kl("k1+")(_straight_through_k2(kl_k1))
@@ -218,63 +218,63 @@ def ppo_clip_loss(
     cfg: LossConfig,
     logp_sampler: Float[Array, "B T"] | None = None,
 ) -> PolicyLossOutput:
-    """Clipped PPO/GRPO surrogate with clip-higher, dual clip and optional truncated IS, per token.
+  """Clipped PPO/GRPO surrogate with clip-higher, dual clip and optional truncated IS, per token.
 
-    ratio = exp(clip(logp - logp_old, -20, 20)). Per token (eps_l, eps_h, c from cfg):
-      A > 0: -A * min(ratio, 1 + eps_h)                      (clip_high where ratio > 1 + eps_h)
-      A < 0: -A * min(max(ratio, 1 - eps_l), c)              (clip_low where ratio < 1 - eps_l,
-                                                               dual_clip where ratio > c)
-    which equals verl's max(-A r, -A clip(r)) then min(., -A c) for A < 0. A clipped token has zero
-    gradient. With cfg.tis_cap the loss is multiplied by the constant min(exp(logp_old - logp_sampler), cap).
+  ratio = exp(clip(logp - logp_old, -20, 20)). Per token (eps_l, eps_h, c from cfg):
+    A > 0: -A * min(ratio, 1 + eps_h)                      (clip_high where ratio > 1 + eps_h)
+    A < 0: -A * min(max(ratio, 1 - eps_l), c)              (clip_low where ratio < 1 - eps_l,
+                                                             dual_clip where ratio > c)
+  which equals verl's max(-A r, -A clip(r)) then min(., -A c) for A < 0. A clipped token has zero
+  gradient. With cfg.tis_cap the loss is multiplied by the constant min(exp(logp_old - logp_sampler), cap).
 
-    Args:
-      logp: [B, T] current policy log-probs (differentiated).
-      logp_old: [B, T] log-probs of the policy that the advantages belong to (trainer-side recompute).
-      advantages: [B, T] per-token advantages (0 on masked tokens).
-      mask: [B, T] nonzero on trained tokens.
-      cfg: LossConfig.
-      logp_sampler: [B, T] sampler log-probs; required when cfg.tis_cap is set.
+  Args:
+    logp: [B, T] current policy log-probs (differentiated).
+    logp_old: [B, T] log-probs of the policy that the advantages belong to (trainer-side recompute).
+    advantages: [B, T] per-token advantages (0 on masked tokens).
+    mask: [B, T] nonzero on trained tokens.
+    cfg: LossConfig.
+    logp_sampler: [B, T] sampler log-probs; required when cfg.tis_cap is set.
 
-    Returns:
-      PolicyLossOutput with all fields zero where mask is 0.
-    """
-    m = mask != 0
-    # Masked positions may hold garbage (-inf log-probs of padding); select before any arithmetic so that
-    # neither the value nor the gradient sees it.
-    log_ratio = jnp.where(m, logp.astype(jnp.float32) - logp_old.astype(jnp.float32), 0.0)
-    ratio = jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    adv = jnp.where(m, advantages.astype(jnp.float32), 0.0)
+  Returns:
+    PolicyLossOutput with all fields zero where mask is 0.
+  """
+  m = mask != 0
+  # Masked positions may hold garbage (-inf log-probs of padding); select before any arithmetic so that
+  # neither the value nor the gradient sees it.
+  log_ratio = jnp.where(m, logp.astype(jnp.float32) - logp_old.astype(jnp.float32), 0.0)
+  ratio = jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+  adv = jnp.where(m, advantages.astype(jnp.float32), 0.0)
 
-    hi = 1.0 + cfg.clip_high
-    lo = 1.0 - cfg.clip_low
-    is_high = m & (adv > 0) & (ratio > hi)
-    is_low = m & (adv < 0) & (ratio < lo)
-    if cfg.dual_clip_c is not None:
-        is_dual = m & (adv < 0) & (ratio > cfg.dual_clip_c)
-        eff_ratio = jnp.where(is_dual, cfg.dual_clip_c, ratio)
-    else:
-        is_dual = jnp.zeros_like(m)
-        eff_ratio = ratio
-    eff_ratio = jnp.where(is_high, hi, jnp.where(is_low, lo, eff_ratio))
-    loss = -adv * eff_ratio
+  hi = 1.0 + cfg.clip_high
+  lo = 1.0 - cfg.clip_low
+  is_high = m & (adv > 0) & (ratio > hi)
+  is_low = m & (adv < 0) & (ratio < lo)
+  if cfg.dual_clip_c is not None:
+    is_dual = m & (adv < 0) & (ratio > cfg.dual_clip_c)
+    eff_ratio = jnp.where(is_dual, cfg.dual_clip_c, ratio)
+  else:
+    is_dual = jnp.zeros_like(m)
+    eff_ratio = ratio
+  eff_ratio = jnp.where(is_high, hi, jnp.where(is_low, lo, eff_ratio))
+  loss = -adv * eff_ratio
 
-    if cfg.tis_cap is not None:
-        if logp_sampler is None:
-            raise ValueError("LossConfig.tis_cap is set but no logp_sampler was given")
-        loss = loss * tis_weights(logp_old, logp_sampler, mask, cfg.tis_cap)
+  if cfg.tis_cap is not None:
+    if logp_sampler is None:
+      raise ValueError("LossConfig.tis_cap is set but no logp_sampler was given")
+    loss = loss * tis_weights(logp_old, logp_sampler, mask, cfg.tis_cap)
 
-    f = lambda b: b.astype(jnp.float32)  # noqa: E731
-    return PolicyLossOutput(jnp.where(m, loss, 0.0), f(is_high), f(is_low), f(is_dual))
+  f = lambda b: b.astype(jnp.float32)  # noqa: E731
+  return PolicyLossOutput(jnp.where(m, loss, 0.0), f(is_high), f(is_low), f(is_dual))
 
 
 def tis_weights(
     logp_old: Float[Array, "B T"], logp_sampler: Float[Array, "B T"], mask: Mask, cap: float
 ) -> Float[Array, "B T"]:
-    """Truncated importance weights min(exp(logp_old - logp_sampler), cap), no gradient, 0 where masked."""
-    m = mask != 0
-    d = jnp.where(m, logp_old.astype(jnp.float32) - logp_sampler.astype(jnp.float32), 0.0)
-    w = jnp.minimum(jnp.exp(jnp.clip(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), cap)
-    return lax.stop_gradient(jnp.where(m, w, 0.0))
+  """Truncated importance weights min(exp(logp_old - logp_sampler), cap), no gradient, 0 where masked."""
+  m = mask != 0
+  d = jnp.where(m, logp_old.astype(jnp.float32) - logp_sampler.astype(jnp.float32), 0.0)
+  w = jnp.minimum(jnp.exp(jnp.clip(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), cap)
+  return lax.stop_gradient(jnp.where(m, w, 0.0))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -283,67 +283,67 @@ def tis_weights(
 
 
 class AggNorm(NamedTuple):
-    """Normalisers of one mini-batch (float32 scalars); see the module docstring for the contract.
+  """Normalisers of one mini-batch (float32 scalars); see the module docstring for the contract.
 
-    Attributes:
-      num_tokens: number of trained tokens (mask != 0) in the mini-batch.
-      num_seqs: number of sequences with at least one trained token in the mini-batch.
-      scale_factor: divisor of seq-mean-token-sum-norm.
-    """
+  Attributes:
+    num_tokens: number of trained tokens (mask != 0) in the mini-batch.
+    num_seqs: number of sequences with at least one trained token in the mini-batch.
+    scale_factor: divisor of seq-mean-token-sum-norm.
+  """
 
-    num_tokens: Scalar
-    num_seqs: Scalar
-    scale_factor: Scalar
+  num_tokens: Scalar
+  num_seqs: Scalar
+  scale_factor: Scalar
 
 
 def agg_normaliser(mask: Mask, loss_scale_factor: float | None = None) -> AggNorm:
-    """Normalisers of the whole mini-batch `mask` [B, T]; pass the result to every micro-batch.
+  """Normalisers of the whole mini-batch `mask` [B, T]; pass the result to every micro-batch.
 
-    `loss_scale_factor` defaults (as in verl) to T, the padded length of `mask`.
-    """
-    m = mask != 0
-    scale = mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
-    return AggNorm(
-        num_tokens=jnp.sum(m, dtype=jnp.float32),
-        num_seqs=jnp.sum(jnp.any(m, axis=-1), dtype=jnp.float32),
-        scale_factor=jnp.asarray(scale, jnp.float32),
-    )
+  `loss_scale_factor` defaults (as in verl) to T, the padded length of `mask`.
+  """
+  m = mask != 0
+  scale = mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
+  return AggNorm(
+      num_tokens=jnp.sum(m, dtype=jnp.float32),
+      num_seqs=jnp.sum(jnp.any(m, axis=-1), dtype=jnp.float32),
+      scale_factor=jnp.asarray(scale, jnp.float32),
+  )
 
 
 def aggregate(x: Float[Array, "B T"], mask: Mask, mode: str, norm: AggNorm | None = None) -> Scalar:
-    """Reduces per-token values to a scalar (verl's agg_loss, with global normalisers passed in).
+  """Reduces per-token values to a scalar (verl's agg_loss, with global normalisers passed in).
 
-    With n_i = trained tokens of sequence i, N = norm.num_tokens, S = norm.num_seqs (sequences with n_i > 0):
-      token-mean:              sum_i sum_t x_it / N
-      seq-mean-token-mean:     sum_{i: n_i>0} (sum_t x_it / n_i) / S
-      seq-mean-token-sum:      sum_i sum_t x_it / S
-      seq-mean-token-sum-norm: sum_i sum_t x_it / norm.scale_factor     (verl: a sum over sequences,
-                                                                          not a mean; Dr.GRPO-style)
-    Masked positions are excluded by selection, so NaN/inf there never leaks. A zero normaliser gives 0.
+  With n_i = trained tokens of sequence i, N = norm.num_tokens, S = norm.num_seqs (sequences with n_i > 0):
+    token-mean:              sum_i sum_t x_it / N
+    seq-mean-token-mean:     sum_{i: n_i>0} (sum_t x_it / n_i) / S
+    seq-mean-token-sum:      sum_i sum_t x_it / S
+    seq-mean-token-sum-norm: sum_i sum_t x_it / norm.scale_factor     (verl: a sum over sequences,
+                                                                        not a mean; Dr.GRPO-style)
+  Masked positions are excluded by selection, so NaN/inf there never leaks. A zero normaliser gives 0.
 
-    Args:
-      x: [B, T] per-token values.
-      mask: [B, T] nonzero on trained tokens.
-      mode: one of AGG_MODES.
-      norm: mini-batch normalisers; None uses `agg_normaliser(mask)` (x is then the whole mini-batch).
+  Args:
+    x: [B, T] per-token values.
+    mask: [B, T] nonzero on trained tokens.
+    mode: one of AGG_MODES.
+    norm: mini-batch normalisers; None uses `agg_normaliser(mask)` (x is then the whole mini-batch).
 
-    Returns:
-      float32 scalar; summing it over micro-batches that share `norm` gives the mini-batch value.
-    """
-    if mode not in AGG_MODES:
-        raise ValueError(f"unknown loss_agg_mode {mode!r}; known: {AGG_MODES}")
-    norm = agg_normaliser(mask) if norm is None else norm
-    m = mask != 0
-    x = jnp.where(m, x.astype(jnp.float32), 0.0)
-    seq_sum = jnp.sum(x, axis=-1)
-    if mode == "token-mean":
-        return jnp.sum(seq_sum) / jnp.maximum(norm.num_tokens, 1.0)
-    if mode == "seq-mean-token-mean":
-        n_i = jnp.sum(m, axis=-1, dtype=jnp.float32)
-        return jnp.sum(seq_sum / jnp.maximum(n_i, 1.0)) / jnp.maximum(norm.num_seqs, 1.0)
-    if mode == "seq-mean-token-sum":
-        return jnp.sum(seq_sum) / jnp.maximum(norm.num_seqs, 1.0)
-    return jnp.sum(seq_sum) / norm.scale_factor
+  Returns:
+    float32 scalar; summing it over micro-batches that share `norm` gives the mini-batch value.
+  """
+  if mode not in AGG_MODES:
+    raise ValueError(f"unknown loss_agg_mode {mode!r}; known: {AGG_MODES}")
+  norm = agg_normaliser(mask) if norm is None else norm
+  m = mask != 0
+  x = jnp.where(m, x.astype(jnp.float32), 0.0)
+  seq_sum = jnp.sum(x, axis=-1)
+  if mode == "token-mean":
+    return jnp.sum(seq_sum) / jnp.maximum(norm.num_tokens, 1.0)
+  if mode == "seq-mean-token-mean":
+    n_i = jnp.sum(m, axis=-1, dtype=jnp.float32)
+    return jnp.sum(seq_sum / jnp.maximum(n_i, 1.0)) / jnp.maximum(norm.num_seqs, 1.0)
+  if mode == "seq-mean-token-sum":
+    return jnp.sum(seq_sum) / jnp.maximum(norm.num_seqs, 1.0)
+  return jnp.sum(seq_sum) / norm.scale_factor
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -363,61 +363,61 @@ def grpo_objective(
     logp_ref: Float[Array, "B T"] | None = None,
     logp_sampler: Float[Array, "B T"] | None = None,
 ) -> tuple[Scalar, dict[str, Scalar]]:
-    """Scalar loss = agg(policy loss) - entropy_coeff * agg(entropy) + kl_coeff * agg(kl to reference).
+  """Scalar loss = agg(policy loss) - entropy_coeff * agg(entropy) + kl_coeff * agg(kl to reference).
 
-    All terms use cfg.loss_agg_mode and the shared `norm`; every metric is a token-mean with norm.num_tokens.
-    So the loss, its gradient and every metric are additive over micro-batches (module docstring).
+  All terms use cfg.loss_agg_mode and the shared `norm`; every metric is a token-mean with norm.num_tokens.
+  So the loss, its gradient and every metric are additive over micro-batches (module docstring).
 
-    Args:
-      cfg: LossConfig (static).
-      logp: [B, T] current log-probs (differentiated).
-      logp_old: [B, T] old-policy log-probs.
-      advantages: [B, T] per-token advantages (see advantages.broadcast_to_tokens).
-      mask: [B, T] nonzero on trained tokens.
-      norm: mini-batch normalisers from agg_normaliser; None: this batch is the mini-batch.
-      entropy: [B, T] per-token entropy; required when cfg.entropy_coeff != 0, else only a metric.
-      logp_ref: [B, T] reference log-probs; required when cfg.kl_coeff > 0.
-      logp_sampler: [B, T] sampler log-probs; required when cfg.tis_cap is set.
+  Args:
+    cfg: LossConfig (static).
+    logp: [B, T] current log-probs (differentiated).
+    logp_old: [B, T] old-policy log-probs.
+    advantages: [B, T] per-token advantages (see advantages.broadcast_to_tokens).
+    mask: [B, T] nonzero on trained tokens.
+    norm: mini-batch normalisers from agg_normaliser; None: this batch is the mini-batch.
+    entropy: [B, T] per-token entropy; required when cfg.entropy_coeff != 0, else only a metric.
+    logp_ref: [B, T] reference log-probs; required when cfg.kl_coeff > 0.
+    logp_sampler: [B, T] sampler log-probs; required when cfg.tis_cap is set.
 
-    Returns:
-      (loss, metrics) with metrics: loss, pg_loss, clip_frac_high, clip_frac_low, clip_frac_dual, clip_frac,
-      ppo_kl (k1 estimate of KL(old || current), verl's), approx_kl (k3 estimate of the same), and when given:
-      entropy, kl_ref, tis_weight (mean TIS weight).
-    """
-    norm = agg_normaliser(mask, cfg.loss_scale_factor) if norm is None else norm
-    out = get_loss(cfg.policy_loss)(logp, logp_old, advantages, mask, cfg, logp_sampler=logp_sampler)
-    mode = cfg.loss_agg_mode
-    pg_loss = aggregate(out.loss, mask, mode, norm)
-    tok_mean = lambda x: aggregate(lax.stop_gradient(x), mask, "token-mean", norm)  # noqa: E731
+  Returns:
+    (loss, metrics) with metrics: loss, pg_loss, clip_frac_high, clip_frac_low, clip_frac_dual, clip_frac,
+    ppo_kl (k1 estimate of KL(old || current), verl's), approx_kl (k3 estimate of the same), and when given:
+    entropy, kl_ref, tis_weight (mean TIS weight).
+  """
+  norm = agg_normaliser(mask, cfg.loss_scale_factor) if norm is None else norm
+  out = get_loss(cfg.policy_loss)(logp, logp_old, advantages, mask, cfg, logp_sampler=logp_sampler)
+  mode = cfg.loss_agg_mode
+  pg_loss = aggregate(out.loss, mask, mode, norm)
+  tok_mean = lambda x: aggregate(lax.stop_gradient(x), mask, "token-mean", norm)  # noqa: E731
 
-    loss = pg_loss
-    metrics = {
-        "pg_loss": pg_loss,
-        "clip_frac_high": tok_mean(out.clip_high),
-        "clip_frac_low": tok_mean(out.clip_low),
-        "clip_frac_dual": tok_mean(out.dual_clip),
-        "clip_frac": tok_mean(out.clip_high + out.clip_low),
-    }
-    m = mask != 0
-    log_ratio = jnp.where(m, logp - logp_old, 0.0)
-    metrics["ppo_kl"] = tok_mean(-log_ratio)
-    # k3 estimate of KL(pi_old || pi) on pi_old's samples: r - 1 - log r with r = pi / pi_old.
-    metrics["approx_kl"] = tok_mean(kl_k3(jnp.zeros_like(log_ratio), log_ratio))
+  loss = pg_loss
+  metrics = {
+      "pg_loss": pg_loss,
+      "clip_frac_high": tok_mean(out.clip_high),
+      "clip_frac_low": tok_mean(out.clip_low),
+      "clip_frac_dual": tok_mean(out.dual_clip),
+      "clip_frac": tok_mean(out.clip_high + out.clip_low),
+  }
+  m = mask != 0
+  log_ratio = jnp.where(m, logp - logp_old, 0.0)
+  metrics["ppo_kl"] = tok_mean(-log_ratio)
+  # k3 estimate of KL(pi_old || pi) on pi_old's samples: r - 1 - log r with r = pi / pi_old.
+  metrics["approx_kl"] = tok_mean(kl_k3(jnp.zeros_like(log_ratio), log_ratio))
 
-    if cfg.entropy_coeff != 0.0:
-        if entropy is None:
-            raise ValueError("LossConfig.entropy_coeff is nonzero but no entropy was given")
-        loss = loss - cfg.entropy_coeff * aggregate(entropy, mask, mode, norm)
-    if entropy is not None:
-        metrics["entropy"] = tok_mean(entropy)
-    if cfg.kl_coeff > 0.0:
-        if logp_ref is None:
-            raise ValueError("LossConfig.kl_coeff is > 0 but no logp_ref was given")
-        lp = jnp.where(m, logp, 0.0)
-        kl = get_kl(cfg.kl_type)(lp, jnp.where(m, logp_ref, 0.0))
-        loss = loss + cfg.kl_coeff * aggregate(kl, mask, mode, norm)
-        metrics["kl_ref"] = tok_mean(kl)
-    if cfg.tis_cap is not None and logp_sampler is not None:
-        metrics["tis_weight"] = tok_mean(tis_weights(logp_old, logp_sampler, mask, cfg.tis_cap))
-    metrics["loss"] = loss
-    return loss, metrics
+  if cfg.entropy_coeff != 0.0:
+    if entropy is None:
+      raise ValueError("LossConfig.entropy_coeff is nonzero but no entropy was given")
+    loss = loss - cfg.entropy_coeff * aggregate(entropy, mask, mode, norm)
+  if entropy is not None:
+    metrics["entropy"] = tok_mean(entropy)
+  if cfg.kl_coeff > 0.0:
+    if logp_ref is None:
+      raise ValueError("LossConfig.kl_coeff is > 0 but no logp_ref was given")
+    lp = jnp.where(m, logp, 0.0)
+    kl = get_kl(cfg.kl_type)(lp, jnp.where(m, logp_ref, 0.0))
+    loss = loss + cfg.kl_coeff * aggregate(kl, mask, mode, norm)
+    metrics["kl_ref"] = tok_mean(kl)
+  if cfg.tis_cap is not None and logp_sampler is not None:
+    metrics["tis_weight"] = tok_mean(tis_weights(logp_old, logp_sampler, mask, cfg.tis_cap))
+  metrics["loss"] = loss
+  return loss, metrics

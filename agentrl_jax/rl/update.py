@@ -55,82 +55,82 @@ LOGPROB_KEYS = ("tokens", "positions", "segment_ids")
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    """AdamW with global-norm clipping and a constant or cosine schedule with linear warmup.
+  """AdamW with global-norm clipping and a constant or cosine schedule with linear warmup.
 
-    Defaults are the recipe's (lr 1e-6 constant, betas (0.9, 0.999), weight decay 0.01, clip 1.0). Weight decay
-    applies to every parameter, as torch's AdamW in verl does.
+  Defaults are the recipe's (lr 1e-6 constant, betas (0.9, 0.999), weight decay 0.01, clip 1.0). Weight decay
+  applies to every parameter, as torch's AdamW in verl does.
 
-    Attributes:
-      learning_rate: peak learning rate.
-      b1, b2, eps: Adam moments and epsilon.
-      weight_decay: decoupled weight decay (AdamW).
-      grad_clip: clip gradients to this global norm; None disables clipping (non-finite norms still skip).
-      schedule: "constant" or "cosine" (decays to min_lr_ratio * learning_rate at total_steps).
-      warmup_steps: linear warmup from 0 over this many applied updates.
-      total_steps: length of the cosine schedule, warmup included (required for cosine).
-      min_lr_ratio: final learning rate of the cosine schedule, as a fraction of learning_rate.
-    """
+  Attributes:
+    learning_rate: peak learning rate.
+    b1, b2, eps: Adam moments and epsilon.
+    weight_decay: decoupled weight decay (AdamW).
+    grad_clip: clip gradients to this global norm; None disables clipping (non-finite norms still skip).
+    schedule: "constant" or "cosine" (decays to min_lr_ratio * learning_rate at total_steps).
+    warmup_steps: linear warmup from 0 over this many applied updates.
+    total_steps: length of the cosine schedule, warmup included (required for cosine).
+    min_lr_ratio: final learning rate of the cosine schedule, as a fraction of learning_rate.
+  """
 
-    learning_rate: float = 1e-6
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    grad_clip: float | None = 1.0
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    total_steps: int | None = None
-    min_lr_ratio: float = 0.0
+  learning_rate: float = 1e-6
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+  weight_decay: float = 0.01
+  grad_clip: float | None = 1.0
+  schedule: str = "constant"
+  warmup_steps: int = 0
+  total_steps: int | None = None
+  min_lr_ratio: float = 0.0
 
-    def __post_init__(self):
-        def bad(field: str, why: str):
-            raise ValueError(f"OptimizerConfig.{field} {why}, got {getattr(self, field)!r}")
+  def __post_init__(self):
+    def bad(field: str, why: str):
+      raise ValueError(f"OptimizerConfig.{field} {why}, got {getattr(self, field)!r}")
 
-        def is_num(v):
-            return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    def is_num(v):
+      return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
-        for f in ("learning_rate", "b1", "b2", "eps", "weight_decay", "min_lr_ratio"):
-            if not is_num(getattr(self, f)):
-                bad(f, "must be a finite number")
-        if self.learning_rate < 0:
-            bad("learning_rate", "must be >= 0")
-        for f in ("b1", "b2"):
-            if not 0.0 <= getattr(self, f) < 1.0:
-                bad(f, "must be in [0, 1)")
-        if self.eps <= 0:
-            bad("eps", "must be > 0")
-        if self.weight_decay < 0:
-            bad("weight_decay", "must be >= 0")
-        if self.grad_clip is not None and (not is_num(self.grad_clip) or self.grad_clip <= 0):
-            bad("grad_clip", "must be None or a number > 0")
-        if self.schedule not in SCHEDULES:
-            bad("schedule", f"must be one of {SCHEDULES}")
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            bad("warmup_steps", "must be an int >= 0")
-        if self.total_steps is not None and (
-            isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int) or self.total_steps <= 0
-        ):
-            bad("total_steps", "must be None or an int > 0")
-        if self.schedule == "cosine" and (self.total_steps is None or self.total_steps <= self.warmup_steps):
-            bad("total_steps", "must be an int > warmup_steps for the cosine schedule")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            bad("min_lr_ratio", "must be in [0, 1]")
+    for f in ("learning_rate", "b1", "b2", "eps", "weight_decay", "min_lr_ratio"):
+      if not is_num(getattr(self, f)):
+        bad(f, "must be a finite number")
+    if self.learning_rate < 0:
+      bad("learning_rate", "must be >= 0")
+    for f in ("b1", "b2"):
+      if not 0.0 <= getattr(self, f) < 1.0:
+        bad(f, "must be in [0, 1)")
+    if self.eps <= 0:
+      bad("eps", "must be > 0")
+    if self.weight_decay < 0:
+      bad("weight_decay", "must be >= 0")
+    if self.grad_clip is not None and (not is_num(self.grad_clip) or self.grad_clip <= 0):
+      bad("grad_clip", "must be None or a number > 0")
+    if self.schedule not in SCHEDULES:
+      bad("schedule", f"must be one of {SCHEDULES}")
+    if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+      bad("warmup_steps", "must be an int >= 0")
+    if self.total_steps is not None and (
+        isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int) or self.total_steps <= 0
+    ):
+      bad("total_steps", "must be None or an int > 0")
+    if self.schedule == "cosine" and (self.total_steps is None or self.total_steps <= self.warmup_steps):
+      bad("total_steps", "must be an int > warmup_steps for the cosine schedule")
+    if not 0.0 <= self.min_lr_ratio <= 1.0:
+      bad("min_lr_ratio", "must be in [0, 1]")
 
-    def make_schedule(self) -> optax.Schedule:
-        """Learning rate as a function of the number of applied updates."""
-        lr, w = self.learning_rate, self.warmup_steps
-        if self.schedule == "cosine":
-            return optax.warmup_cosine_decay_schedule(
-                0.0, lr, max(w, 0), self.total_steps, end_value=lr * self.min_lr_ratio
-            )
-        if w == 0:
-            return optax.constant_schedule(lr)
-        return optax.join_schedules([optax.linear_schedule(0.0, lr, w), optax.constant_schedule(lr)], [w])
+  def make_schedule(self) -> optax.Schedule:
+    """Learning rate as a function of the number of applied updates."""
+    lr, w = self.learning_rate, self.warmup_steps
+    if self.schedule == "cosine":
+      return optax.warmup_cosine_decay_schedule(
+          0.0, lr, max(w, 0), self.total_steps, end_value=lr * self.min_lr_ratio
+      )
+    if w == 0:
+      return optax.constant_schedule(lr)
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, w), optax.constant_schedule(lr)], [w])
 
-    def make(self) -> optax.GradientTransformation:
-        """AdamW only: clipping happens in the update step, which needs the norm for the skip decision."""
-        return optax.adamw(self.make_schedule(), b1=self.b1, b2=self.b2, eps=self.eps,
-                           weight_decay=self.weight_decay)
+  def make(self) -> optax.GradientTransformation:
+    """AdamW only: clipping happens in the update step, which needs the norm for the skip decision."""
+    return optax.adamw(self.make_schedule(), b1=self.b1, b2=self.b2, eps=self.eps,
+                       weight_decay=self.weight_decay)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -140,63 +140,63 @@ class OptimizerConfig:
 
 @flax.struct.dataclass
 class TrainState:
-    """Everything the update step changes; a pytree (checkpoint it as is).
+  """Everything the update step changes; a pytree (checkpoint it as is).
 
-    Attributes:
-      step: int32 scalar, number of applied optimizer updates (skipped steps do not count; drives the schedule).
-      params: nnx.State of the model's Params (merge with the graphdef to get the model back).
-      opt_state: optax AdamW state; its moments mirror `params` (same tree, same shardings).
-    """
+  Attributes:
+    step: int32 scalar, number of applied optimizer updates (skipped steps do not count; drives the schedule).
+    params: nnx.State of the model's Params (merge with the graphdef to get the model back).
+    opt_state: optax AdamW state; its moments mirror `params` (same tree, same shardings).
+  """
 
-    step: jax.Array
-    params: nnx.State
-    opt_state: optax.OptState
+  step: jax.Array
+  params: nnx.State
+  opt_state: optax.OptState
 
 
 def train_state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
-    """NamedShardings of a (concrete or abstract) TrainState: params and moments by their logical axes."""
-    return sharding_lib.state_shardings(state, mesh)
+  """NamedShardings of a (concrete or abstract) TrainState: params and moments by their logical axes."""
+  return sharding_lib.state_shardings(state, mesh)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Sharding of every batch array: the leading B axis over the data-parallel mesh axes, the rest replicated."""
-    return NamedSharding(mesh, sharding_lib.logical_to_spec(("batch",), None, mesh))
+  """Sharding of every batch array: the leading B axis over the data-parallel mesh axes, the rest replicated."""
+  return NamedSharding(mesh, sharding_lib.logical_to_spec(("batch",), None, mesh))
 
 
 def _split_params(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
-    graphdef, state = nnx.split(model)
-    others = [v for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-              if not isinstance(v, nnx.Param)]
-    if others:
-        raise ValueError(f"TrainState holds nnx.Param state only; model also has {sorted({type(v).__name__ for v in others})}")
-    return graphdef, state
+  graphdef, state = nnx.split(model)
+  others = [v for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+            if not isinstance(v, nnx.Param)]
+  if others:
+    raise ValueError(f"TrainState holds nnx.Param state only; model also has {sorted({type(v).__name__ for v in others})}")
+  return graphdef, state
 
 
 def init_train_state(model: nnx.Module, opt_cfg: OptimizerConfig, mesh: Mesh) -> tuple[nnx.GraphDef, TrainState]:
-    """Splits `model` and places params and a fresh AdamW state in their shardings on `mesh`.
+  """Splits `model` and places params and a fresh AdamW state in their shardings on `mesh`.
 
-    Returns:
-      (graphdef, state): pass graphdef to make_update_fn / make_logprobs_fn; `nnx.merge(graphdef, state.params)`
-      rebuilds the model.
-    """
-    graphdef, params = _split_params(model)
-    tx = opt_cfg.make()
-    abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
-                          opt_state=jax.eval_shape(tx.init, params))
-    shardings = train_state_shardings(abstract, mesh)
-    params = jax.device_put(params, shardings.params)
-    opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
-    step = jax.device_put(jnp.zeros((), jnp.int32), shardings.step)
-    return graphdef, TrainState(step=step, params=params, opt_state=opt_state)
+  Returns:
+    (graphdef, state): pass graphdef to make_update_fn / make_logprobs_fn; `nnx.merge(graphdef, state.params)`
+    rebuilds the model.
+  """
+  graphdef, params = _split_params(model)
+  tx = opt_cfg.make()
+  abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+                        opt_state=jax.eval_shape(tx.init, params))
+  shardings = train_state_shardings(abstract, mesh)
+  params = jax.device_put(params, shardings.params)
+  opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
+  step = jax.device_put(jnp.zeros((), jnp.int32), shardings.step)
+  return graphdef, TrainState(step=step, params=params, opt_state=opt_state)
 
 
 def abstract_train_state(model_cfg: ModelConfig, opt_cfg: OptimizerConfig, mesh: Mesh) -> tuple[nnx.GraphDef, TrainState]:
-    """(graphdef, TrainState of ShapeDtypeStructs carrying shardings): AOT lowering and restore targets, no memory."""
-    graphdef, params = _split_params(hf_io.abstract_model(model_cfg))
-    abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
-                          opt_state=jax.eval_shape(opt_cfg.make().init, params))
-    shardings = train_state_shardings(abstract, mesh)
-    return graphdef, jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+  """(graphdef, TrainState of ShapeDtypeStructs carrying shardings): AOT lowering and restore targets, no memory."""
+  graphdef, params = _split_params(hf_io.abstract_model(model_cfg))
+  abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+                        opt_state=jax.eval_shape(opt_cfg.make().init, params))
+  shardings = train_state_shardings(abstract, mesh)
+  return graphdef, jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -205,10 +205,10 @@ def abstract_train_state(model_cfg: ModelConfig, opt_cfg: OptimizerConfig, mesh:
 
 
 def _chunk_len(t: int, chunk: int | None) -> int | None:
-    """Largest divisor of T that is <= chunk (None: no chunking)."""
-    if chunk is None or chunk >= t:
-        return None
-    return max(c for c in range(1, chunk + 1) if t % c == 0)
+  """Largest divisor of T that is <= chunk (None: no chunking)."""
+  if chunk is None or chunk >= t:
+    return None
+  return max(c for c in range(1, chunk + 1) if t % c == 0)
 
 
 def token_logprobs(
@@ -219,57 +219,57 @@ def token_logprobs(
     temperature: float = 1.0,
     logits_chunk_size: int | None = 512,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
-    """Token-aligned (logp, entropy) [B, T] float32 of `batch["tokens"]` under the model; position 0 is 0.
+  """Token-aligned (logp, entropy) [B, T] float32 of `batch["tokens"]` under the model; position 0 is 0.
 
-    `logp[:, t]` is log p(tokens[:, t] | tokens[:, :t]) at `temperature` and `entropy[:, t]` the exact entropy
-    of that distribution. Runs the decoder to hidden states and reduces the LM head chunk by chunk, so [B, T, V]
-    logits never exist (see logprobs.token_logprobs_and_entropy_from_hidden).
-    """
-    model = nnx.merge(graphdef, params)
-    tokens = batch["tokens"]
-    hidden, _ = model(tokens, positions=batch.get("positions"), segment_ids=batch.get("segment_ids"),
-                      return_hidden=True)
-    dt = model.cfg.jnp_dtype
-    unembed_dv = (model.embed_vd[...].T if model.cfg.tie_embeddings else model.unembed_dv[...]).astype(dt)
-    # hidden[:, t] predicts tokens[:, t + 1]: score the next tokens (the last target wraps and is dropped).
-    next_tokens = jnp.roll(tokens, -1, axis=1)
-    logp, ent = logprobs.token_logprobs_and_entropy_from_hidden(
-        hidden.astype(dt), unembed_dv, next_tokens, temperature=temperature,
-        chunk_size=_chunk_len(tokens.shape[1], logits_chunk_size))
-    shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731  next-token -> token-aligned
-    return shift(logp), shift(ent)
+  `logp[:, t]` is log p(tokens[:, t] | tokens[:, :t]) at `temperature` and `entropy[:, t]` the exact entropy
+  of that distribution. Runs the decoder to hidden states and reduces the LM head chunk by chunk, so [B, T, V]
+  logits never exist (see logprobs.token_logprobs_and_entropy_from_hidden).
+  """
+  model = nnx.merge(graphdef, params)
+  tokens = batch["tokens"]
+  hidden, _ = model(tokens, positions=batch.get("positions"), segment_ids=batch.get("segment_ids"),
+                    return_hidden=True)
+  dt = model.cfg.jnp_dtype
+  unembed_dv = (model.embed_vd[...].T if model.cfg.tie_embeddings else model.unembed_dv[...]).astype(dt)
+  # hidden[:, t] predicts tokens[:, t + 1]: score the next tokens (the last target wraps and is dropped).
+  next_tokens = jnp.roll(tokens, -1, axis=1)
+  logp, ent = logprobs.token_logprobs_and_entropy_from_hidden(
+      hidden.astype(dt), unembed_dv, next_tokens, temperature=temperature,
+      chunk_size=_chunk_len(tokens.shape[1], logits_chunk_size))
+  shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731  next-token -> token-aligned
+  return shift(logp), shift(ent)
 
 
 def _to_micro(x: jax.Array, n: int) -> jax.Array:
-    """[B, ...] -> [n, B // n, ...]; micro-batch i holds rows i, i + n, ... so that every micro-batch stays
-    spread over the data-parallel devices (B is block-sharded over them; a plain reshape would put whole
-    micro-batches on single devices)."""
-    x = jnp.swapaxes(x.reshape(x.shape[0] // n, n, *x.shape[1:]), 0, 1)
-    return sharding_lib.shard(x, (None, "batch") + (None,) * (x.ndim - 2))
+  """[B, ...] -> [n, B // n, ...]; micro-batch i holds rows i, i + n, ... so that every micro-batch stays
+  spread over the data-parallel devices (B is block-sharded over them; a plain reshape would put whole
+  micro-batches on single devices)."""
+  x = jnp.swapaxes(x.reshape(x.shape[0] // n, n, *x.shape[1:]), 0, 1)
+  return sharding_lib.shard(x, (None, "batch") + (None,) * (x.ndim - 2))
 
 
 def _from_micro(x: jax.Array) -> jax.Array:
-    """Inverse of _to_micro."""
-    x = jnp.swapaxes(x, 0, 1)
-    return sharding_lib.shard(x.reshape(-1, *x.shape[2:]), ("batch",) + (None,) * (x.ndim - 2))
+  """Inverse of _to_micro."""
+  x = jnp.swapaxes(x, 0, 1)
+  return sharding_lib.shard(x.reshape(-1, *x.shape[2:]), ("batch",) + (None,) * (x.ndim - 2))
 
 
 def _check_batch(batch: Batch, allowed: tuple[str, ...], required: tuple[str, ...],
                  micro_batch_size: int) -> tuple[int, int]:
-    unknown = sorted(set(batch) - set(allowed))
-    if unknown:
-        raise ValueError(f"batch: unknown keys {unknown}; allowed: {list(allowed)}")
-    missing = [k for k in required if k not in batch]
-    if missing:
-        raise ValueError(f"batch: missing keys {missing}")
-    b, t = batch["tokens"].shape
-    for k, v in batch.items():
-        ok = v.shape in ((b,), (b, t)) if k == "advantages" else v.shape == (b, t)
-        if not ok:
-            raise ValueError(f"batch[{k!r}] has shape {v.shape}; tokens are {(b, t)}")
-    if micro_batch_size <= 0 or b % micro_batch_size:
-        raise ValueError(f"batch size {b} is not a multiple of micro_batch_size {micro_batch_size}")
-    return b, t
+  unknown = sorted(set(batch) - set(allowed))
+  if unknown:
+    raise ValueError(f"batch: unknown keys {unknown}; allowed: {list(allowed)}")
+  missing = [k for k in required if k not in batch]
+  if missing:
+    raise ValueError(f"batch: missing keys {missing}")
+  b, t = batch["tokens"].shape
+  for k, v in batch.items():
+    ok = v.shape in ((b,), (b, t)) if k == "advantages" else v.shape == (b, t)
+    if not ok:
+      raise ValueError(f"batch[{k!r}] has shape {v.shape}; tokens are {(b, t)}")
+  if micro_batch_size <= 0 or b % micro_batch_size:
+    raise ValueError(f"batch size {b} is not a multiple of micro_batch_size {micro_batch_size}")
+  return b, t
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -289,129 +289,129 @@ def make_update_fn(
     logits_chunk_size: int | None = 512,
     accum_dtype: Any = jnp.float32,
 ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict[str, jax.Array]]]:
-    """Builds the jitted `update(state, batch, rng) -> (state, metrics)` (state donated, explicit shardings).
+  """Builds the jitted `update(state, batch, rng) -> (state, metrics)` (state donated, explicit shardings).
 
-    One call is one optimizer step on one mini-batch (module docstring: batch layout): the batch is split
-    into B / micro_batch_size micro-batches whose gradients are accumulated by `lax.scan` with the
-    normalisers of the whole mini-batch (so token-mean is the exact mean over all of its tokens); then
-    clip by global norm -> skip if the norm or the loss is not finite (state returned unchanged) -> AdamW.
-    `rng` is accepted for a stable signature (nothing stochastic yet: no dropout).
+  One call is one optimizer step on one mini-batch (module docstring: batch layout): the batch is split
+  into B / micro_batch_size micro-batches whose gradients are accumulated by `lax.scan` with the
+  normalisers of the whole mini-batch (so token-mean is the exact mean over all of its tokens); then
+  clip by global norm -> skip if the norm or the loss is not finite (state returned unchanged) -> AdamW.
+  `rng` is accepted for a stable signature (nothing stochastic yet: no dropout).
 
-    Compiles once per (B, T) and set of batch keys: bucket shapes upstream. Every batch array is sharded along B
-    over data x fsdp, so B must be a multiple of data * fsdp (JAX raises IndivisibleError otherwise), and
-    micro_batch_size should be one too (else each micro-batch is replicated: correct, but not data-parallel).
+  Compiles once per (B, T) and set of batch keys: bucket shapes upstream. Every batch array is sharded along B
+  over data x fsdp, so B must be a multiple of data * fsdp (JAX raises IndivisibleError otherwise), and
+  micro_batch_size should be one too (else each micro-batch is replicated: correct, but not data-parallel).
 
-    Args:
-      graphdef: from init_train_state.
-      state_shardings: train_state_shardings(state, mesh).
-      loss_cfg: LossConfig; when loss_cfg.needs_reference the batch must carry "ref_logp".
-      opt_cfg: the OptimizerConfig the state was initialised with.
-      mesh: device mesh.
-      micro_batch_size: rows per micro-batch (divides B).
-      temperature: sampling temperature; logits are divided by it, as the sampler's were.
-      logits_chunk_size: T-chunk of the fused LM head + log-softmax (memory mb * chunk * V * 4 bytes).
-      accum_dtype: dtype of the gradient accumulator.
+  Args:
+    graphdef: from init_train_state.
+    state_shardings: train_state_shardings(state, mesh).
+    loss_cfg: LossConfig; when loss_cfg.needs_reference the batch must carry "ref_logp".
+    opt_cfg: the OptimizerConfig the state was initialised with.
+    mesh: device mesh.
+    micro_batch_size: rows per micro-batch (divides B).
+    temperature: sampling temperature; logits are divided by it, as the sampler's were.
+    logits_chunk_size: T-chunk of the fused LM head + log-softmax (memory mb * chunk * V * 4 bytes).
+    accum_dtype: dtype of the gradient accumulator.
 
-    Returns:
-      update; metrics (float32 scalars): loss, pg_loss, clip_frac_high / _low / _dual, clip_frac, entropy,
-      ppo_kl, approx_kl (KL of the old policy to the current one, before the step), [kl_ref], [tis_weight],
-      grad_norm (before clipping), skipped (1.0 if the step was skipped), tokens, sequences, learning_rate.
-    """
-    tx = opt_cfg.make()
-    schedule = opt_cfg.make_schedule()
-    replicated = NamedSharding(mesh, P())
-    param_shardings = state_shardings.params
+  Returns:
+    update; metrics (float32 scalars): loss, pg_loss, clip_frac_high / _low / _dual, clip_frac, entropy,
+    ppo_kl, approx_kl (KL of the old policy to the current one, before the step), [kl_ref], [tis_weight],
+    grad_norm (before clipping), skipped (1.0 if the step was skipped), tokens, sequences, learning_rate.
+  """
+  tx = opt_cfg.make()
+  schedule = opt_cfg.make_schedule()
+  replicated = NamedSharding(mesh, P())
+  param_shardings = state_shardings.params
 
-    def loss_fn(params, mb, norm):
-        logp, entropy = token_logprobs(graphdef, params, mb, temperature=temperature,
-                                       logits_chunk_size=logits_chunk_size)
-        adv = mb["advantages"]
-        if adv.ndim == 1:
-            adv = jnp.broadcast_to(adv[:, None], mb["loss_mask"].shape)
-        return losses.grpo_objective(
-            loss_cfg, logp=logp, logp_old=mb["old_logp"], advantages=adv, mask=mb["loss_mask"], norm=norm,
-            entropy=entropy, logp_ref=mb.get("ref_logp") if loss_cfg.needs_reference else None,
-            logp_sampler=mb.get("sampler_logp"))
+  def loss_fn(params, mb, norm):
+    logp, entropy = token_logprobs(graphdef, params, mb, temperature=temperature,
+                                   logits_chunk_size=logits_chunk_size)
+    adv = mb["advantages"]
+    if adv.ndim == 1:
+      adv = jnp.broadcast_to(adv[:, None], mb["loss_mask"].shape)
+    return losses.grpo_objective(
+        loss_cfg, logp=logp, logp_old=mb["old_logp"], advantages=adv, mask=mb["loss_mask"], norm=norm,
+        entropy=entropy, logp_ref=mb.get("ref_logp") if loss_cfg.needs_reference else None,
+        logp_sampler=mb.get("sampler_logp"))
 
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def grads_and_metrics(params, batch, norm, n_micro):
-        constrain = lambda g: jax.lax.with_sharding_constraint(g, param_shardings)  # noqa: E731
-        if n_micro == 1:
-            (_, metrics), grads = grad_fn(params, batch, norm)
-            return constrain(jax.tree.map(lambda g: g.astype(accum_dtype), grads)), metrics
+  def grads_and_metrics(params, batch, norm, n_micro):
+    constrain = lambda g: jax.lax.with_sharding_constraint(g, param_shardings)  # noqa: E731
+    if n_micro == 1:
+      (_, metrics), grads = grad_fn(params, batch, norm)
+      return constrain(jax.tree.map(lambda g: g.astype(accum_dtype), grads)), metrics
 
-        def body(acc, mb):
-            (_, metrics), grads = grad_fn(params, mb, norm)
-            acc = jax.tree.map(lambda a, g: a + g.astype(accum_dtype), acc, grads)
-            return constrain(acc), metrics
+    def body(acc, mb):
+      (_, metrics), grads = grad_fn(params, mb, norm)
+      acc = jax.tree.map(lambda a, g: a + g.astype(accum_dtype), acc, grads)
+      return constrain(acc), metrics
 
-        zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), params))
-        micro = {k: _to_micro(v, n_micro) for k, v in batch.items()}
-        grads, metrics = lax.scan(body, zeros, micro)
-        # Every metric is normalised by the whole mini-batch, so micro-batch values add up.
-        return grads, jax.tree.map(lambda m: jnp.sum(m, axis=0), metrics)
+    zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), params))
+    micro = {k: _to_micro(v, n_micro) for k, v in batch.items()}
+    grads, metrics = lax.scan(body, zeros, micro)
+    # Every metric is normalised by the whole mini-batch, so micro-batch values add up.
+    return grads, jax.tree.map(lambda m: jnp.sum(m, axis=0), metrics)
 
-    def update(state: TrainState, batch: Batch, rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
-        del rng
-        required = REQUIRED_KEYS + (("ref_logp",) if loss_cfg.needs_reference else ())
-        required += ("sampler_logp",) if loss_cfg.tis_cap is not None else ()
-        b, _ = _check_batch(batch, REQUIRED_KEYS + OPTIONAL_KEYS, required, micro_batch_size)
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-            # Position 0 has no prediction (nothing precedes it), so it is never trained.
-            batch = dict(batch, loss_mask=(batch["loss_mask"] != 0).at[:, 0].set(False))
-            norm = losses.agg_normaliser(batch["loss_mask"], loss_cfg.loss_scale_factor)
-            grads, metrics = grads_and_metrics(state.params, batch, norm, b // micro_batch_size)
+  def update(state: TrainState, batch: Batch, rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+    del rng
+    required = REQUIRED_KEYS + (("ref_logp",) if loss_cfg.needs_reference else ())
+    required += ("sampler_logp",) if loss_cfg.tis_cap is not None else ()
+    b, _ = _check_batch(batch, REQUIRED_KEYS + OPTIONAL_KEYS, required, micro_batch_size)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      # Position 0 has no prediction (nothing precedes it), so it is never trained.
+      batch = dict(batch, loss_mask=(batch["loss_mask"] != 0).at[:, 0].set(False))
+      norm = losses.agg_normaliser(batch["loss_mask"], loss_cfg.loss_scale_factor)
+      grads, metrics = grads_and_metrics(state.params, batch, norm, b // micro_batch_size)
 
-            grad_norm = optax.global_norm(grads)
-            ok = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
-            scale = jnp.ones((), jnp.float32)
-            if opt_cfg.grad_clip is not None:
-                scale = jnp.where(grad_norm > opt_cfg.grad_clip, opt_cfg.grad_clip / grad_norm, 1.0)
-            # Zero non-finite gradients so that the discarded AdamW branch stays finite too.
-            grads = jax.tree.map(lambda g: jnp.where(ok, g * scale, 0.0), grads)
-            updates, opt_state = tx.update(grads, state.opt_state, state.params)
-            params = optax.apply_updates(state.params, updates)
-            # Cast back: with bf16 params optax would return f32 moments (from f32 gradients), changing the
-            # state's dtypes (a recompile each step, and no buffer donation).
-            keep = lambda new, old: jax.tree.map(  # noqa: E731
-                lambda n, o: jnp.where(ok, n, o).astype(o.dtype), new, old)
-            new_state = TrainState(step=state.step + ok.astype(jnp.int32),
-                                   params=keep(params, state.params),
-                                   opt_state=keep(opt_state, state.opt_state))
-            metrics = dict(metrics, grad_norm=grad_norm, skipped=1.0 - ok.astype(jnp.float32),
-                           tokens=norm.num_tokens, sequences=norm.num_seqs,
-                           learning_rate=jnp.asarray(schedule(state.step), jnp.float32))
-        return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+      grad_norm = optax.global_norm(grads)
+      ok = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
+      scale = jnp.ones((), jnp.float32)
+      if opt_cfg.grad_clip is not None:
+        scale = jnp.where(grad_norm > opt_cfg.grad_clip, opt_cfg.grad_clip / grad_norm, 1.0)
+      # Zero non-finite gradients so that the discarded AdamW branch stays finite too.
+      grads = jax.tree.map(lambda g: jnp.where(ok, g * scale, 0.0), grads)
+      updates, opt_state = tx.update(grads, state.opt_state, state.params)
+      params = optax.apply_updates(state.params, updates)
+      # Cast back: with bf16 params optax would return f32 moments (from f32 gradients), changing the
+      # state's dtypes (a recompile each step, and no buffer donation).
+      keep = lambda new, old: jax.tree.map(  # noqa: E731
+          lambda n, o: jnp.where(ok, n, o).astype(o.dtype), new, old)
+      new_state = TrainState(step=state.step + ok.astype(jnp.int32),
+                             params=keep(params, state.params),
+                             opt_state=keep(opt_state, state.opt_state))
+      metrics = dict(metrics, grad_norm=grad_norm, skipped=1.0 - ok.astype(jnp.float32),
+                     tokens=norm.num_tokens, sequences=norm.num_seqs,
+                     learning_rate=jnp.asarray(schedule(state.step), jnp.float32))
+    return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
-    # The old state's buffers are donated: params and both Adam moments are updated in place.
-    return jax.jit(update, in_shardings=(state_shardings, batch_sharding(mesh), replicated),
-                   out_shardings=(state_shardings, replicated), donate_argnums=(0,))
+  # The old state's buffers are donated: params and both Adam moments are updated in place.
+  return jax.jit(update, in_shardings=(state_shardings, batch_sharding(mesh), replicated),
+                 out_shardings=(state_shardings, replicated), donate_argnums=(0,))
 
 
 def init_or_restore_train_state(ckpt, model_block, model_cfg: ModelConfig, opt_cfg: OptimizerConfig, mesh: Mesh, *,
                                 root_key: jax.Array, init_key: jax.Array, data_iterator=None):
-    """The trainers' start: a fresh TrainState from the configured policy, or the latest checkpoint.
+  """The trainers' start: a fresh TrainState from the configured policy, or the latest checkpoint.
 
-    Fresh: the policy of `model_block` (HF dir, our checkpoint or random init with `init_key`; see
-    `models.loading`), a new AdamW state, `root_key` as the run's PRNG key, step 0. Resumed: train state, PRNG key,
-    step and metadata of the latest checkpoint of `ckpt` (an `agentrl_jax.checkpoint.Checkpointer` holding
-    `{"train": TrainState, "rng": key}`), restored into their shardings; `data_iterator` is repositioned.
+  Fresh: the policy of `model_block` (HF dir, our checkpoint or random init with `init_key`; see
+  `models.loading`), a new AdamW state, `root_key` as the run's PRNG key, step 0. Resumed: train state, PRNG key,
+  step and metadata of the latest checkpoint of `ckpt` (an `agentrl_jax.checkpoint.Checkpointer` holding
+  `{"train": TrainState, "rng": key}`), restored into their shardings; `data_iterator` is repositioned.
 
-    Returns:
-      (graphdef, state, rng, step, metadata); metadata is {} for a fresh start.
-    """
-    from agentrl_jax.models import loading  # loading -> checkpoint -> ... would cycle at import time
+  Returns:
+    (graphdef, state, rng, step, metadata); metadata is {} for a fresh start.
+  """
+  from agentrl_jax.models import loading  # loading -> checkpoint -> ... would cycle at import time
 
-    replicated = NamedSharding(mesh, P())
-    if ckpt.latest_step() is None:
-        _, model = loading.load_policy(model_block, mesh, init_key)
-        graphdef, state = init_train_state(model, opt_cfg, mesh)
-        return graphdef, state, jax.device_put(root_key, replicated), 0, {}
-    graphdef, abstract = abstract_train_state(model_cfg, opt_cfg, mesh)
-    target = {"train": abstract, "rng": jax.ShapeDtypeStruct(root_key.shape, root_key.dtype, sharding=replicated)}
-    restored, meta = ckpt.restore(target, data_iterator=data_iterator)
-    return graphdef, restored["train"], restored["rng"], meta["step"], meta
+  replicated = NamedSharding(mesh, P())
+  if ckpt.latest_step() is None:
+    _, model = loading.load_policy(model_block, mesh, init_key)
+    graphdef, state = init_train_state(model, opt_cfg, mesh)
+    return graphdef, state, jax.device_put(root_key, replicated), 0, {}
+  graphdef, abstract = abstract_train_state(model_cfg, opt_cfg, mesh)
+  target = {"train": abstract, "rng": jax.ShapeDtypeStruct(root_key.shape, root_key.dtype, sharding=replicated)}
+  restored, meta = ckpt.restore(target, data_iterator=data_iterator)
+  return graphdef, restored["train"], restored["rng"], meta["step"], meta
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -428,26 +428,26 @@ def make_logprobs_fn(
     temperature: float = 1.0,
     logits_chunk_size: int | None = 512,
 ) -> Callable[[nnx.State, Batch], Float[Array, "B T"]]:
-    """Builds the jitted `logprobs(params, batch) -> logp [B, T]` (float32, token-aligned, 0 at t = 0).
+  """Builds the jitted `logprobs(params, batch) -> logp [B, T]` (float32, token-aligned, 0 at t = 0).
 
-    Same forward path as the update (hidden states -> chunked LM head), micro-batched with `lax.map`, no
-    gradients. Use it for the old log-probs with the policy's params, and (only when LossConfig.needs_reference)
-    for the reference log-probs with the reference params (same graphdef and shardings). `batch` holds
-    "tokens" and optionally "positions" and "segment_ids".
-    """
-    bs = batch_sharding(mesh)
+  Same forward path as the update (hidden states -> chunked LM head), micro-batched with `lax.map`, no
+  gradients. Use it for the old log-probs with the policy's params, and (only when LossConfig.needs_reference)
+  for the reference log-probs with the reference params (same graphdef and shardings). `batch` holds
+  "tokens" and optionally "positions" and "segment_ids".
+  """
+  bs = batch_sharding(mesh)
 
-    def logprobs(params: nnx.State, batch: Batch) -> jax.Array:
-        b, _ = _check_batch(batch, LOGPROB_KEYS, ("tokens",), micro_batch_size)
-        n = b // micro_batch_size
-        fwd = lambda p, mb: token_logprobs(graphdef, p, mb, temperature=temperature,  # noqa: E731
-                                           logits_chunk_size=logits_chunk_size)[0]
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-            if n == 1:
-                return fwd(params, batch)
-            # Params ride in the carry rather than being closed over: nnx.remat inside the loop body must see
-            # them as values of the body's own trace.
-            micro = {k: _to_micro(v, n) for k, v in batch.items()}
-            return _from_micro(lax.scan(lambda p, mb: (p, fwd(p, mb)), params, micro)[1])
+  def logprobs(params: nnx.State, batch: Batch) -> jax.Array:
+    b, _ = _check_batch(batch, LOGPROB_KEYS, ("tokens",), micro_batch_size)
+    n = b // micro_batch_size
+    fwd = lambda p, mb: token_logprobs(graphdef, p, mb, temperature=temperature,  # noqa: E731
+                                       logits_chunk_size=logits_chunk_size)[0]
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      if n == 1:
+        return fwd(params, batch)
+      # Params ride in the carry rather than being closed over: nnx.remat inside the loop body must see
+      # them as values of the body's own trace.
+      micro = {k: _to_micro(v, n) for k, v in batch.items()}
+      return _from_micro(lax.scan(lambda p, mb: (p, fwd(p, mb)), params, micro)[1])
 
-    return jax.jit(logprobs, in_shardings=(param_shardings, bs), out_shardings=bs)
+  return jax.jit(logprobs, in_shardings=(param_shardings, bs), out_shardings=bs)

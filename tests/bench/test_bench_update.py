@@ -24,31 +24,31 @@ _FLOPS_PER_TOKEN = 6 * _MATMUL_PARAMS + 12 * 4 * 4 * 64 * 64           # 25,952,
 
 
 def test_bench_update_prints_one_json_line_without_tunix(capsys):
-    bench_update.main(TINY + ["--no-tunix"])
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 1
-    out = json.loads(lines[0])
-    assert out["bench"] == "update" and out["tunix_tok_s"] is None
-    assert (out["batch"], out["seq"], out["params"]) == (2, 64, _PARAMS)
-    assert out["flops_per_token"] == _FLOPS_PER_TOKEN == 25_952_256
-    # The reported rates are one measurement seen three ways: they must agree.
-    assert out["achieved_gflops"] == pytest.approx(out["tok_s"] * _FLOPS_PER_TOKEN / 1e9, rel=1e-9)
-    assert out["mfu"] == pytest.approx(out["achieved_gflops"] / out["peak_gflops"], rel=1e-9)
-    assert out["peak_gflops"] >= out["peak_gflops_median"] > 0  # the peak is the best matmul of the run
-    assert out["tok_s"] >= out["tok_s_median"] > 0               # best-of-run >= median
+  bench_update.main(TINY + ["--no-tunix"])
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert len(lines) == 1
+  out = json.loads(lines[0])
+  assert out["bench"] == "update" and out["tunix_tok_s"] is None
+  assert (out["batch"], out["seq"], out["params"]) == (2, 64, _PARAMS)
+  assert out["flops_per_token"] == _FLOPS_PER_TOKEN == 25_952_256
+  # The reported rates are one measurement seen three ways: they must agree.
+  assert out["achieved_gflops"] == pytest.approx(out["tok_s"] * _FLOPS_PER_TOKEN / 1e9, rel=1e-9)
+  assert out["mfu"] == pytest.approx(out["achieved_gflops"] / out["peak_gflops"], rel=1e-9)
+  assert out["peak_gflops"] >= out["peak_gflops_median"] > 0  # the peak is the best matmul of the run
+  assert out["tok_s"] >= out["tok_s_median"] > 0               # best-of-run >= median
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(common.tunix_python() is None, reason=".venv-tunix is missing")
 def test_bench_update_vs_tunix_subprocess():
-    """The command line as documented, with Tunix: same loss on the same weights and batch."""
-    root = common.REPO_ROOT
-    res = subprocess.run([sys.executable, "-m", "agentrl_jax.bench.update", *TINY], cwd=root, capture_output=True,
-                         text=True, timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-    assert res.returncode == 0, res.stderr[-3000:]
-    lines = res.stdout.strip().splitlines()
-    assert len(lines) == 1, res.stdout
-    out = json.loads(lines[0])
-    assert {"bench", "mfu", "tok_s", "tunix_tok_s"} <= set(out)
-    assert out["tunix_tok_s"] > 0 and out["speedup"] > 0
-    assert out["loss_rel_diff"] < 1e-4 and abs(out["entropy"] - out["tunix_entropy"]) < 1e-4
+  """The command line as documented, with Tunix: same loss on the same weights and batch."""
+  root = common.REPO_ROOT
+  res = subprocess.run([sys.executable, "-m", "agentrl_jax.bench.update", *TINY], cwd=root, capture_output=True,
+                       text=True, timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert res.returncode == 0, res.stderr[-3000:]
+  lines = res.stdout.strip().splitlines()
+  assert len(lines) == 1, res.stdout
+  out = json.loads(lines[0])
+  assert {"bench", "mfu", "tok_s", "tunix_tok_s"} <= set(out)
+  assert out["tunix_tok_s"] > 0 and out["speedup"] > 0
+  assert out["loss_rel_diff"] < 1e-4 and abs(out["entropy"] - out["tunix_entropy"]) < 1e-4
