@@ -1,0 +1,162 @@
+"""Accelerator benchmark of a Qwen3-4B-shaped random-weight model: the sampler and the RL update step.
+
+    python -m agentrl_jax.bench.device                       # on a GPU / TPU: the recipe's shapes, bf16
+    python -m agentrl_jax.bench.device --size tiny_qwen3 --rows 4 --prompt 16 --new 16 --update-rows 2 \\
+        --update-seq 64                                      # CPU smoke (the test suite)
+
+Prints one JSON line per part:
+  sampler  B rows x `prompt` random prompt tokens, `new` tokens each at T=1 (no stop token): tokens/s, the
+           decode step's time against the HBM roofline (weights + the K/V cache of the context read once per
+           step: `roofline_frac` = ideal / measured), MFU against the chip's bf16 peak;
+  update   the GRPO-TCR update (`rl.update.make_update_fn`, token-mean clip-higher loss, remat as the recipe)
+           on `update_rows` x `update_seq` tokens: tokens/s and MFU (PaLM's 6N + 12LHT FLOPs per token);
+both with compile seconds (first call minus a timed call), peak device memory where the backend reports it, the
+device kind and the attention implementation (XLA's blocked attention: this project does not select Pallas /
+cuDNN kernels by backend yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentrl_jax.bench import common
+from agentrl_jax.models import loading
+from agentrl_jax.models import sharding as sharding_lib
+from agentrl_jax.models.config import ModelConfig
+
+# bf16 dense peak FLOP/s and HBM bytes/s per chip, by `device_kind` substring (vendor data sheets).
+CHIPS = (("H200", 989e12, 4.8e12), ("H100", 989e12, 3.35e12), ("A100", 312e12, 2.0e12),
+         ("TPU v6", 918e12, 1.64e12), ("TPU v5p", 459e12, 2.765e12), ("TPU v5 lite", 197e12, 0.819e12),
+         ("TPU v5e", 197e12, 0.819e12), ("TPU v4", 275e12, 1.2e12))
+ATTENTION = "xla-blocked"
+
+
+def chip_specs(kind: str) -> tuple[float | None, float | None]:
+  """(bf16 peak FLOP/s, HBM bytes/s) of a device kind; (None, None) for an unknown one (e.g. a CPU)."""
+  for name, peak, bw in CHIPS:
+    if name.lower() in kind.lower():
+      return peak, bw
+  return None, None
+
+
+def _peak_memory() -> int | None:
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get("peak_bytes_in_use")
+
+
+def decode_bytes(cfg: ModelConfig, rows: int, context: int) -> float:
+  """Bytes one decode step must read: every weight that takes part in a matmul plus the K/V cache of `context`
+  tokens per row (the embedding lookup reads only `rows` rows of its table)."""
+  p = np.dtype(jnp.dtype(cfg.param_dtype)).itemsize
+  c = np.dtype(jnp.dtype(cfg.dtype)).itemsize
+  kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * c * rows * context
+  return common.matmul_params(cfg) * p + kv
+
+
+def bench_sampler(cfg: ModelConfig, mesh, args) -> dict:
+  from flax import nnx
+
+  from agentrl_jax.sampling import generate as generate_lib
+  from agentrl_jax.sampling.config import SamplingConfig
+  from agentrl_jax.sampling.sampler import make_sampler
+
+  model = loading.init_model(cfg, jax.random.key(0), mesh)
+  graphdef, params = nnx.split(model)
+  sampler = make_sampler(graphdef, cfg, SamplingConfig(end_token_ids=(), segment_len=args.segment), batch=args.rows,
+                         mesh=mesh, params=params)
+  prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (args.rows, args.prompt)).tolist()
+  run = lambda seed: generate_lib.generate(sampler, params, prompts, key=jax.random.key(seed),  # noqa: E731
+                                           max_new_tokens=args.new)
+  t0 = time.perf_counter()
+  run(0)
+  first = time.perf_counter() - t0
+  times = []
+  for r in range(args.rounds):
+    t0 = time.perf_counter()
+    out = run(r + 1)
+    times.append(time.perf_counter() - t0)
+  assert all(len(t) == args.new for t in out.tokens)
+  sec = statistics.median(times)
+  step_s = sec / args.new
+  peak, bw = chip_specs(jax.devices()[0].device_kind)
+  ideal = (sum(decode_bytes(cfg, args.rows, args.prompt + i) for i in range(args.new)) / args.new / bw) if bw else None
+  flops = 2.0 * common.matmul_params(cfg) * args.rows * args.new
+  return {"part": "sampler", "tok_s": args.rows * args.new / sec, "step_ms": step_s * 1e3,
+          "roofline_frac": ideal / step_s if ideal else None, "ideal_step_ms": ideal * 1e3 if ideal else None,
+          "mfu": flops / sec / peak if peak else None, "compile_s": first - sec, "rows": args.rows,
+          "prompt": args.prompt, "new": args.new}
+
+
+def bench_update(cfg: ModelConfig, mesh, args) -> dict:
+  from agentrl_jax.rl import losses
+  from agentrl_jax.rl import update as update_lib
+
+  model = loading.init_model(cfg.replace(param_dtype="float32", remat=True), jax.random.key(1), mesh)
+  opt_cfg = update_lib.OptimizerConfig(learning_rate=1e-6)
+  graphdef, state = update_lib.init_train_state(model, opt_cfg, mesh)
+  shardings = update_lib.train_state_shardings(state, mesh)
+  loss_cfg = losses.LossConfig(clip_low=0.2, clip_high=0.28)
+  update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh, micro_batch_size=args.micro_rows,
+                                     temperature=1.0, logits_chunk_size=min(1024, args.update_seq))
+  rng = np.random.default_rng(0)
+  b, t = args.update_rows, args.update_seq
+  batch = {"tokens": rng.integers(0, cfg.vocab_size, (b, t)).astype(np.int32),
+           "loss_mask": np.concatenate([np.zeros((b, t // 8)), np.ones((b, t - t // 8))], 1).astype(np.float32),
+           "advantages": rng.standard_normal(b).astype(np.float32),
+           "old_logp": np.full((b, t), -8.0, np.float32)}
+  batch = jax.device_put(batch, update_lib.batch_sharding(mesh))
+  t0 = time.perf_counter()
+  state, m = update(state, batch, jax.random.key(0))
+  jax.block_until_ready(m)
+  first = time.perf_counter() - t0
+  times = []
+  for r in range(args.rounds):
+    t0 = time.perf_counter()
+    state, m = update(state, batch, jax.random.key(r))
+    jax.block_until_ready(m)
+    times.append(time.perf_counter() - t0)
+  sec = statistics.median(times)
+  peak, _ = chip_specs(jax.devices()[0].device_kind)
+  flops = common.train_flops_per_token(cfg, t) * b * t
+  return {"part": "update", "tok_s": b * t / sec, "step_s": sec, "mfu": flops / sec / peak if peak else None,
+          "compile_s": first - sec, "rows": b, "seq": t, "loss": float(m["loss"])}
+
+
+def main(argv=None) -> list[dict]:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--size", default="qwen3_4b")
+  ap.add_argument("--dtype", default="bfloat16")
+  ap.add_argument("--rows", type=int, default=64)
+  ap.add_argument("--prompt", type=int, default=512)
+  ap.add_argument("--new", type=int, default=1024)
+  ap.add_argument("--segment", type=int, default=64)
+  ap.add_argument("--update-rows", type=int, default=8)
+  ap.add_argument("--update-seq", type=int, default=4096)
+  ap.add_argument("--micro-rows", type=int, default=1)
+  ap.add_argument("--rounds", type=int, default=2)
+  ap.add_argument("--parts", default="sampler,update")
+  ap.add_argument("--devices", type=int, default=0, help="devices of the (fsdp) mesh; 0 = all")
+  args = ap.parse_args(argv)
+  cfg = ModelConfig.by_name(args.size, param_dtype=args.dtype, dtype=args.dtype)
+  devices = jax.devices()[:args.devices or None]
+  mesh = sharding_lib.make_mesh(1, -1, 1, devices=devices)
+  device = {"device_kind": devices[0].device_kind, "devices": len(devices), "backend": jax.default_backend(),
+            "attention": ATTENTION, "size": args.size, "dtype": args.dtype, "params": cfg.param_count()}
+  out = []
+  for part in args.parts.split(","):
+    result = {"sampler": bench_sampler, "update": bench_update}[part](cfg, mesh, args)
+    result.update(device, peak_memory_bytes=_peak_memory())
+    print(json.dumps(result), flush=True)
+    out.append(result)
+  return out
+
+
+if __name__ == "__main__":
+  main()
