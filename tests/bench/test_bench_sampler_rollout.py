@@ -78,8 +78,9 @@ def test_rollout_bench_smoke():
   assert line["reprefill_prefilled_tokens"] > line["prefilled_tokens"]
   assert line["ours_padded_prefill_tokens"] >= line["prefilled_tokens"]
   assert line["reprefill_padded_prefill_tokens"] >= line["reprefill_prefilled_tokens"]
-  # Timed rounds reuse the warm-up's compiled functions.
-  assert line["traces_in_rounds"] == 0
+  # Timed rounds reuse the warm-up's compiled functions (pause and re-prefill are deterministic; overlap follows
+  # tool timing and is only reported).
+  assert line["traces_in_rounds"] == 0 and line["traces_in_rounds_overlap"] >= 0
   mode = line["default_mode"]
   assert line["ours_episodes_s"] == line[f"{mode}_episodes_s"]
   assert line["speedup"] == pytest.approx(line["ours_episodes_s"] / line["reprefill_episodes_s"], rel=1e-9)
