@@ -42,7 +42,7 @@ def get_config(arg=None):
   # ---- SFT data: the scripted teacher's code run in the sandbox ("real"), or the stitched baseline
   config.teacher = ml_collections.ConfigDict(dict(source="real", style="deliberative", p_direct=0.5,
                                                   p_mistake=0.15))
-  config.sft = ml_collections.ConfigDict(dict(batch_size=32, num_epochs=20, max_seq_len=256, micro_batch_rows=8,
+  config.sft = ml_collections.ConfigDict(dict(batch_size=32, num_epochs=25, max_seq_len=256, micro_batch_rows=8,
                                               warmup_ratio=0.1, logits_chunk_size=None))
   config.sft_optimizer = ml_collections.ConfigDict(dict(learning_rate=3e-3, b1=0.9, b2=0.95, eps=1e-8,
                                                         weight_decay=0.01, grad_clip=1.0, min_lr_ratio=0.1))
