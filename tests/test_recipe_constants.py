@@ -173,7 +173,7 @@ BEHAVIOUR_DEVIATIONS = {
 IMPLEMENTATION = (
     "job", "seed", "log_every_steps", "samples_every_steps", "samples_per_log", "wandb_project", "export_hf",
     "eval_root",                                     # job plumbing, logging, seeds (not portable across stacks)
-    "mesh.",                                         # device layout (verl: FSDP + Ulysses sp=4 on 8 GPUs)
+    "mesh.", "sampler_mesh.",                        # device layouts (verl: FSDP + Ulysses sp=4 on 8 GPUs)
     "model.checkpoint", "model.checkpoint_step", "model.hf_path", "model.tokenizer_path",  # local paths
     "model.dtype", "model.param_dtype",              # bf16 compute on fp32 master weights (verl's FSDP mixed
                                                      # precision); the SFT's fp32 is in the table

@@ -157,7 +157,7 @@ class ModelConfig:
 
   @classmethod
   def demo_1m(cls, **kw) -> ModelConfig:
-    """~1M-parameter Qwen3 (hidden 128, 4 layers) of the embedded CPU demo (`configs/default.py`)."""
+    """~0.48M-parameter Qwen3 (hidden 128, 2 layers) of the embedded CPU demo (`configs/default.py`)."""
     return cls(**{**dict(vocab_size=768, hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4,
                          num_kv_heads=2, head_dim=32, rope_theta=10_000.0, max_position_embeddings=2048,
                          bos_token_id=None, eos_token_id=None), **kw})

@@ -84,6 +84,21 @@ def mesh_from_config(block) -> Mesh:
   return make_mesh(**sizes, devices=jax.devices()[:num_devices or None])
 
 
+def sampler_mesh_from_config(block, train_mesh: Mesh) -> Mesh:
+  """The sampler's mesh: `train_mesh` when `block` is absent or all zero, else `block`'s data / fsdp / tensor
+  sizes (one may be -1) laid over the trainer's devices.
+
+  Decode is memory-bound and its batch is small next to a training batch, so a layout that splits heads and MLP
+  width (tensor parallel) serves it better than the trainer's FSDP, which gathers every weight at every step.
+  The sampler reads the trainer's params through `Sampler.place_params` (a device-to-device `jax.device_put`)
+  and holds that copy for the rollout, next to the trainer's.
+  """
+  sizes = {k: v for k, v in dict(block or {}).items() if k != "num_devices"}
+  if not any(sizes.values()):
+    return train_mesh
+  return make_mesh(**sizes, devices=train_mesh.devices.flatten().tolist())
+
+
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int] | None = None,
                     mesh: Mesh | jax.sharding.AbstractMesh | None = None) -> P:
   """Maps logical dimension names to a PartitionSpec through `LOGICAL_RULES`.

@@ -55,6 +55,8 @@ def rl_config(**model) -> ml_collections.ConfigDict:
   config.model = loading.model_block(**{"size": "qwen3_4b", "param_dtype": "float32", "dtype": "bfloat16",
                                         "remat": True, **model})
   config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=0))
+  # The rollouts' layout over the same devices (e.g. data=1, fsdp=1, tensor=-1); all zero: the trainer's mesh.
+  config.sampler_mesh = ml_collections.ConfigDict(dict(data=0, fsdp=0, tensor=0))
   config.data = ml_collections.ConfigDict(dict(
       train_path="",                 # the recipe's RL parquet (prompt, data_source, reward_model, extra_info)
       train_schema="rl", data_dir="", skip_malformed=True, shuffle=True,
