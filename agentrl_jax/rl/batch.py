@@ -14,9 +14,10 @@ import concurrent.futures
 import dataclasses
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
-from agentrl_jax import rewards
+from agentrl_jax import multihost, rewards
 from agentrl_jax.data.records import PromptRecord
 from agentrl_jax.rollout.episode import STOP_LENGTH, Episode
 
@@ -67,7 +68,22 @@ def response_text(tokenizer, episode: Episode) -> str:
 def score_episodes(episodes: Sequence[Episode], records: Sequence[PromptRecord], *, tokenizer, executor,
                    reward_cfg: rewards.RewardConfig, shaping_cfg: rewards.ShapingConfig,
                    max_workers: int = 8) -> Scored:
-  """Scores every episode against the record of its group (`episode.group` indexes `records`)."""
+  """Scores every episode against the record of its group (`episode.group` indexes `records`).
+
+  Several processes: each scores a contiguous share of the episodes (code rewards run in its own sandbox) and
+  the shares are gathered, so every process holds the same scores (never recomputed apart: a tool timeout on one
+  host must not change another host's batch)."""
+  kw = dict(tokenizer=tokenizer, executor=executor, reward_cfg=reward_cfg, shaping_cfg=shaping_cfg,
+            max_workers=max_workers)
+  procs = jax.process_count()
+  if procs == 1:
+    return _score_local(episodes, records, **kw)
+  me = jax.process_index()
+  part = _score_local(episodes[len(episodes) * me // procs:len(episodes) * (me + 1) // procs], records, **kw)
+  return Scored.concat(multihost.allgather_objects(part))
+
+
+def _score_local(episodes, records, *, tokenizer, executor, reward_cfg, shaping_cfg, max_workers) -> Scored:
   texts = [response_text(tokenizer, e) for e in episodes]
 
   def one(i: int) -> rewards.RewardResult:

@@ -7,7 +7,11 @@ One function, `run(config, workdir)`, in the sections of big_vision's train.py. 
     more prompts] -> group advantages -> old log-probs (recomputed, or the sampler's) -> one compiled update per
     mini-batch -> metrics, samples, periodic evaluation, checkpoint.
 
-The sampler reads the trainer's params directly; there is no weight sync. A run killed at any point resumes
+The sampler reads the trainer's params directly (on `sampler_mesh`, its own layout over the same devices, when
+set: a device-to-device reshard per rollout); there is no weight sync. Several processes (one per host): the
+rollout is one SPMD program whose rows live on their hosts' devices, each host runs its own rows' tool calls
+and scores a share of the episodes, and the results are gathered so that every host makes the same decisions
+(which groups are kept, the update batch); process 0 writes metrics and samples (agentrl_jax/multihost.py). A run killed at any point resumes
 from its latest checkpoint with the same config and workdir: the checkpoint holds the train state, the grain
 iterator position, the PRNG key and the counters. With `rollout.overlap_tools=False` (the default) and
 deterministic tool outputs, every step is a deterministic function of those, so the resumed run reaches the
@@ -28,7 +32,7 @@ import ml_collections
 import numpy as np
 
 from agentrl_jax import checkpoint as ckpt_lib
-from agentrl_jax import data, metrics_writer, rewards
+from agentrl_jax import data, metrics_writer, multihost, rewards
 from agentrl_jax.evaluation import runner as eval_runner
 from agentrl_jax.models import loading
 from agentrl_jax.models import sharding as sharding_lib
@@ -74,17 +78,23 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   root = jax.random.key(config.seed)
   init_key, sample_key, eval_key, update_key = jax.random.split(root, 4)
   mesh = sharding_lib.mesh_from_config(config.mesh)
+  sampler_mesh = sharding_lib.sampler_mesh_from_config(config.get("sampler_mesh"), mesh)
 
   # ---------------------------------------------------------------------------------------------- data
   style = jobs.prompt_style(config.get("prompt_style"))
   data_dir = config.data.data_dir or os.path.join(workdir, "tfds")
-  prepared = data.prepare(data.SourceConfig(path=jobs.prompt_file(config, workdir), schema=config.data.train_schema,
-                                            data_dir=data_dir, skip_malformed=config.data.skip_malformed))
-  pipe_cfg = data.PipelineConfig(batch_size=rl.prompts_per_step, seed=config.seed, shuffle=config.data.shuffle)
+  # Several processes: process 0 builds the datasets in the workdir, then every process opens them, and every
+  # process reads the same global batch of prompts (shard 0 of 1; see agentrl_jax/multihost.py).
+  prompt_path = multihost.primary_first("rl_prompts", lambda: jobs.prompt_file(config, workdir))
+  prepared = multihost.primary_first("rl_data", lambda: data.prepare(data.SourceConfig(
+      path=prompt_path, schema=config.data.train_schema, data_dir=data_dir, skip_malformed=config.data.skip_malformed)))
+  pipe_cfg = data.PipelineConfig(batch_size=rl.prompts_per_step, seed=config.seed, shuffle=config.data.shuffle,
+                                 shard_index=0, shard_count=1)
   data_iter = iter(data.prompt_batches(prepared.data_source, pipe_cfg, style=style))
   steps_per_epoch = max(prepared.num_examples // rl.prompts_per_step, 1)
   total_steps = rl.total_steps or rl.total_epochs * steps_per_epoch
-  eval_records = eval_runner.load_sources(config.eval.sources, data_dir, style) if config.eval.sources else []
+  eval_records = multihost.primary_first("rl_eval_data", lambda: eval_runner.load_sources(
+      config.eval.sources, data_dir, style)) if config.eval.sources else []
   log.info("rl: %d prompts (%d malformed skipped), %d per step x %d samples, %d steps; %d eval problems",
            prepared.num_examples, prepared.num_skipped, rl.prompts_per_step, n, total_steps, len(eval_records))
 
@@ -115,13 +125,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   engine = engine_lib.RolloutEngine.create(
       graphdef, model_cfg, tokenizer, executor, rollout_cfg, temperature=config.rollout.temperature,
       top_p=config.rollout.top_p, top_k=config.rollout.top_k, advertise_tools=config.rollout.advertise_tools,
-      mesh=mesh, params=state.params)
+      mesh=sampler_mesh, params=state.params)
   eval_engine = None
   if eval_records:
     ev = config.eval
     eval_engine = engine_lib.RolloutEngine.create(
         graphdef, model_cfg, tokenizer, executor, rollout_cfg, temperature=ev.temperature, top_p=ev.top_p,
-        top_k=ev.top_k, advertise_tools=config.rollout.advertise_tools, mesh=mesh, params=state.params)
+        top_k=ev.top_k, advertise_tools=config.rollout.advertise_tools, mesh=sampler_mesh, params=state.params)
   bsh = update_lib.batch_sharding(mesh)
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   # The tokenizer goes into the metadata so that an export (`python -m agentrl_jax.checkpoint`) can ship it.
@@ -208,7 +218,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       t0 = time.perf_counter()
       minis = []
       for mb in batch_lib.split_minibatches(full, mini_rows):
-        arrays = {k: jax.device_put(v, bsh) for k, v in mb.items()}
+        arrays = multihost.to_global(mb, bsh)  # each process builds its own devices' rows
         if rl.reuse_sampler_logp:
           arrays["old_logp"] = arrays["sampler_logp"]
         else:
@@ -226,7 +236,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
           key = jax.random.fold_in(jax.random.fold_in(update_key, step), epoch * len(minis) + i)
           state, m = update(state, arrays, key)
           updates.append(m)
-      updates = jax.device_get(updates)
+      updates = multihost.to_host(updates)
       times["update"] = time.perf_counter() - t0
       step += 1
       bar.update(1)

@@ -34,8 +34,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, Float
+import numpy as np
 import optax
 
+from agentrl_jax import multihost
 from agentrl_jax.models import hf_io
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
@@ -186,7 +188,7 @@ def init_train_state(model: nnx.Module, opt_cfg: OptimizerConfig, mesh: Mesh) ->
   shardings = train_state_shardings(abstract, mesh)
   params = jax.device_put(params, shardings.params)
   opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
-  step = jax.device_put(jnp.zeros((), jnp.int32), shardings.step)
+  step = multihost.to_global(np.zeros((), np.int32), shardings.step)
   return graphdef, TrainState(step=step, params=params, opt_state=opt_state)
 
 
@@ -407,7 +409,7 @@ def init_or_restore_train_state(ckpt, model_block, model_cfg: ModelConfig, opt_c
   if ckpt.latest_step() is None:
     _, model = loading.load_policy(model_block, mesh, init_key)
     graphdef, state = init_train_state(model, opt_cfg, mesh)
-    return graphdef, state, jax.device_put(root_key, replicated), 0, {}
+    return graphdef, state, multihost.to_global(root_key, replicated), 0, {}
   graphdef, abstract = abstract_train_state(model_cfg, opt_cfg, mesh)
   target = {"train": abstract, "rng": jax.ShapeDtypeStruct(root_key.shape, root_key.dtype, sharding=replicated)}
   restored, meta = ckpt.restore(target, data_iterator=data_iterator)

@@ -14,6 +14,12 @@ RolloutConfig). Rows whose tools returned are resumed with batched `extend` call
 again. A finished episode frees its slot, and the next prompt group is prefilled there (one prefill per prompt,
 shared by its n samples).
 
+Several processes (one per host): the sampler is one SPMD program over the global mesh, each process's devices
+holding its rows (slot blocks of B / processes); every process reads the drawn tokens of all rows (gathered) and
+makes the same scheduling decisions, runs the tool calls of its own rows in its own sandbox, and receives the
+others' results (gathered) before the batch resumes. Pause mode only: overlapping tools would make the resume
+order depend on each host's tool timing.
+
 Nothing raises out of the loop for bad model output: malformed calls are answered with an error message and
 counted; executor futures never raise (`tools.Executor`); a failing future is reported as a sandbox error.
 """
@@ -32,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl_jax import multihost
 from agentrl_jax.rollout import episode as episode_lib
 from agentrl_jax.rollout.chat import ToolResponseRenderer, stop_token_ids
 from agentrl_jax.rollout.config import RolloutConfig
@@ -187,6 +194,11 @@ def run_rollout(
   """
   t_start = time.perf_counter()
   _check_prompts(prompts, n, cfg, scripts, sampler)
+  procs, me = jax.process_count(), jax.process_index()
+  if procs > 1 and cfg.overlap_tools:
+    raise ValueError("run_rollout: overlap_tools needs one process; with several, every process must resume "
+                     "the same rows at the same time (set rollout.overlap_tools=False)")
+  owner = lambda slot: slot * procs // b  # noqa: E731  # the process whose devices hold the row (batch blocks)
   traces_before = dict(sampler_lib.TRACE_COUNTS)
   stats = RolloutStats()
   renderer = ToolResponseRenderer(tokenizer)
@@ -265,6 +277,9 @@ def run_rollout(
       elif executed >= cfg.max_calls_per_turn:
         msg = f"Error: not executed: at most {cfg.max_calls_per_turn} tool call(s) per turn."
         r.calls.append((CallInfo(c.name, c.code, "skipped", msg), None))
+      elif owner(slot) != me:  # another host runs it; its result arrives in exchange_results
+        executed += 1
+        r.calls.append((CallInfo(c.name, c.code, "running", ""), concurrent.futures.Future()))
       else:
         executed += 1
         try:
@@ -287,7 +302,7 @@ def run_rollout(
     nonlocal pending_draws
     if pending_draws:
       t0 = time.perf_counter()
-      fetched = jax.device_get([d for _, _, d in pending_draws])
+      fetched = multihost.to_host([d for _, _, d in pending_draws])
       stats.device_wait_s += time.perf_counter() - t0
       for (slots, positions, _), d in zip(pending_draws, fetched):
         take_draw(slots, positions, d)
@@ -410,13 +425,32 @@ def run_rollout(
   def ready_slots():
     return [i for i in waiting_slots() if all(f is None or f.done() for _, f in rows[i].calls)]
 
+  def exchange_results():
+    """Several processes: every process's results of its own rows' calls, set on the others' placeholders."""
+    mine = {}
+    for slot in waiting_slots():
+      if owner(slot) == me:
+        for j, (_, fut) in enumerate(rows[slot].calls):
+          if fut is not None:
+            try:
+              mine[(slot, j)] = fut.result()
+            except Exception as e:  # pylint: disable=broad-except
+              mine[(slot, j)] = ExecResult("sandbox_error", stderr=f"[sandbox] executor failed: {type(e).__name__}: {e}")
+    for part in multihost.allgather_objects(mine):
+      for (slot, j), res in part.items():
+        fut = rows[slot].calls[j][1]
+        if not fut.done():
+          fut.set_result(res)
+
   def wait_tools(all_of: bool):
-    futs = [f for i in waiting_slots() for _, f in rows[i].calls if f is not None]
+    t0 = time.perf_counter()
+    futs = [f for i in waiting_slots() if owner(i) == me for _, f in rows[i].calls if f is not None]
     if futs:
-      t0 = time.perf_counter()
       concurrent.futures.wait(futs, return_when=concurrent.futures.ALL_COMPLETED if all_of
                               else concurrent.futures.FIRST_COMPLETED)
-      stats.tool_wait_s += time.perf_counter() - t0
+    if procs > 1:
+      exchange_results()
+    stats.tool_wait_s += time.perf_counter() - t0
 
   max_steps = jnp.int32(seg)
   min_stops = jnp.int32(cfg.min_tool_stops if cfg.overlap_tools else _NO_LIMIT)
@@ -439,7 +473,7 @@ def run_rollout(
       stats.decode_calls += 1
       pending_draws.append(([], [], segment))
       t0 = time.perf_counter()
-      fetched = jax.device_get([d for _, _, d in pending_draws])
+      fetched = multihost.to_host([d for _, _, d in pending_draws])
       stats.device_wait_s += time.perf_counter() - t0
       for (slots, positions, _), d in zip(pending_draws[:-1], fetched[:-1]):
         take_draw(slots, positions, d)

@@ -77,7 +77,7 @@ def generate(sampler: Sampler, params: nnx.State, prompts: Sequence[Sequence[int
   need = lambda drawn: t + drawn - 1 + min(seg_len, max_new_tokens - drawn)
   state = sampler.init(capacity(need(1)), key)
   state, draw = sampler.prefill_groups(n, params, state, tokens, lengths, slots, budgets, forced)
-  first = jax.device_get(draw)
+  first = multihost.to_host(draw)
   rows = len(prompts) * n
   toks = [[int(first.token[i])] for i in range(rows)]
   lr = [[float(first.logp_raw[i])] for i in range(rows)]
@@ -89,7 +89,7 @@ def generate(sampler: Sampler, params: nnx.State, prompts: Sequence[Sequence[int
     if need(drawn) > state.capacity:
       state = sampler.grow(state, capacity(need(drawn)))
     state, seg = sampler.decode(params, state, jnp.int32(seg_len), big)
-    seg = jax.device_get(seg)
+    seg = multihost.to_host(seg)
     drawn += seg_len
     for i in range(rows):
       k = int(seg.num[i])

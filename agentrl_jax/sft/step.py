@@ -25,6 +25,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import optax
 
+from agentrl_jax import multihost
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.rl import logprobs
 from agentrl_jax.rl.update import OptimizerConfig, TrainState
@@ -127,9 +128,9 @@ def batch_sharding(mesh: Mesh, micro_rows: int, seq_len: int) -> NamedSharding:
 
 
 def batch_arrays(packed: packing.PackedBatch, mesh: Mesh) -> dict[str, jax.Array]:
-  """The packed arrays placed on the mesh."""
+  """The packed arrays placed on the mesh (each process builds its own devices' rows of the global batch)."""
   _, r, t = packed.inputs.shape
-  return jax.device_put(packed.arrays(), batch_sharding(mesh, r, t))
+  return multihost.to_global(packed.arrays(), batch_sharding(mesh, r, t))
 
 
 # ------------------------------------------------------------------------------------------------------------

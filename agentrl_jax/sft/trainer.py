@@ -7,6 +7,11 @@ one jitted step, metrics, checkpoints) -> final checkpoint and HF export.
 A run killed at any point resumes from its latest checkpoint with the same config and workdir and reaches the
 same params bit for bit: the checkpoint holds the train state, the grain iterator position, the PRNG key and
 the host-side counters, and every step is a deterministic function of those.
+
+Several processes (one per host, `--num_processes`): every process reads and packs the same global batch and
+places only its own devices' rows (`agentrl_jax/multihost.py`), so a run on N hosts computes what one host with
+the same devices would; process 0 writes the metrics and the HF export, Orbax saves and restores the sharded
+state across hosts.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import numpy as np
 
 from agentrl_jax import checkpoint as ckpt_lib
 from agentrl_jax import data
-from agentrl_jax import metrics_writer
+from agentrl_jax import metrics_writer, multihost
 from agentrl_jax.models import hf_io, loading
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.rl import update as rl_update
@@ -51,12 +56,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   if not path:  # the smoke / test setting: tiny conversations generated locally
     if not config.data.toy_conversations:
       raise ValueError("config.data.path is empty and config.data.toy_conversations is 0: no data to train on")
-    path = toy_data.write_jsonl(os.path.join(workdir, "toy_sft.jsonl"), config.data.toy_conversations,
-                                seed=config.seed, malformed=config.data.toy_malformed, tools=config.data.toy_tools)
-  prepared = data.prepare(data.SourceConfig(path=path, schema="sft", skip_malformed=config.data.skip_malformed_rows,
-                                            data_dir=config.data.data_dir or os.path.join(workdir, "tfds")))
+    path = os.path.join(workdir, "toy_sft.jsonl")
+    multihost.once("sft_toy_data", lambda: toy_data.write_jsonl(
+        path, config.data.toy_conversations, seed=config.seed, malformed=config.data.toy_malformed,
+        tools=config.data.toy_tools))
+  source = data.SourceConfig(path=path, schema="sft", skip_malformed=config.data.skip_malformed_rows,
+                             data_dir=config.data.data_dir or os.path.join(workdir, "tfds"))
+  prepared = multihost.primary_first("sft_data", lambda: data.prepare(source))
+  # shard 0 of 1 on every process: each reads the global batch (see the module docstring).
   pipe_cfg = data.PipelineConfig(batch_size=sft_cfg.batch_size, seed=config.seed, num_epochs=sft_cfg.num_epochs,
-                                 shuffle=config.data.shuffle)
+                                 shuffle=config.data.shuffle, shard_index=0, shard_count=1)
   total_steps = data.num_batches(prepared.num_examples, pipe_cfg)
   # Encoding and packing are part of the grain pipeline, so the iterator state stays the one position.
   dataset = data.conversation_batches(prepared.data_source, pipe_cfg).map(
@@ -113,7 +122,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       bar.update(1)
 
       if (step % config.log_every_steps == 0 or step == total_steps) and pending:
-        host = jax.device_get(pending)
+        host = multihost.to_host(pending)
         last = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
         last["tokens"] = float(sum(m["tokens"] for m in host))
         last["steps_per_sec"] = len(host) / (time.perf_counter() - t0)
@@ -129,7 +138,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   ckpt.close()
   writer.close()
   if config.export_hf:
-    out = hf_io.export_hf(nnx.merge(graphdef, state.params), os.path.join(workdir, "hf"), tokenizer=tokenizer)
-    log.info("sft: exported the final params to %s", out)
+    params = multihost.to_host(state.params) if jax.process_count() > 1 else state.params  # every process
+    if multihost.is_primary():
+      out = hf_io.export_hf(nnx.merge(graphdef, params), os.path.join(workdir, "hf"), tokenizer=tokenizer)
+      log.info("sft: exported the final params to %s", out)
+    multihost.barrier("sft_export")
   log.info("sft: done after %d steps; %d conversations skipped", step, counters["skipped_conversations"])
   return last
