@@ -69,6 +69,7 @@ class Plan:
   activations_remat: int
   hbm: int
   mesh: dict
+  rollout_rows_fit: int = 0
 
   def rows(self) -> list[tuple[str, int]]:
     return [("params", self.params), ("AdamW moments", self.optimizer), ("gradient accumulator", self.gradients),
@@ -82,7 +83,21 @@ class Plan:
 
   @property
   def rollout_total(self) -> int:
-    return self.params + self.kv_cache
+    """The rollout's peak: the trainer's params and AdamW moments stay resident next to the KV cache."""
+    return self.params + self.optimizer + self.kv_cache
+
+
+# Share of HBM a plan may fill: the rest is left to XLA's temporaries, fragmentation and the runtime.
+USABLE_HBM = 0.9
+
+
+def rows_that_fit(cfg: ModelConfig, seq: int, hbm: int, mesh_shape: dict[str, int], resident: int) -> int:
+  """Most rollout rows of `seq` tokens whose KV cache fits next to `resident` bytes (params and AdamW moments)
+  in `USABLE_HBM` of a chip (a multiple of the batch axes, data x fsdp, so every device holds the same rows)."""
+  unit = mesh_shape["data"] * mesh_shape["fsdp"]
+  per_unit = kv_cache_bytes(cfg, unit, seq, mesh_shape)
+  free = int(hbm * USABLE_HBM) - resident
+  return max(free // per_unit, 0) * unit
 
 
 def param_bytes(cfg: ModelConfig, mesh_shape: dict[str, int]) -> int:
@@ -151,7 +166,7 @@ def plan(cfg: ModelConfig, *, chips: int, hbm: int, seq: int, rows: int, data: i
               kv_cache=kv_cache_bytes(cfg, rows, seq, mesh_shape),
               activations=activation_bytes(cfg, tokens, tensor, remat=False, logits_chunk=logits_chunk),
               activations_remat=activation_bytes(cfg, tokens, tensor, remat=True, logits_chunk=logits_chunk),
-              hbm=hbm, mesh=mesh_shape)
+              hbm=hbm, mesh=mesh_shape, rollout_rows_fit=rows_that_fit(cfg, seq, hbm, mesh_shape, p + 2 * master * 4))
 
 
 def format_plan(name: str, slice_name: str, p: Plan, *, seq: int, rows: int) -> str:
@@ -159,8 +174,9 @@ def format_plan(name: str, slice_name: str, p: Plan, *, seq: int, rows: int) -> 
            f"| {'part':<24} | {'GiB':>8} |", f"|{'-' * 26}|{'-' * 10}|"]
   lines += [f"| {k:<24} | {v / GIB:>8.2f} |" for k, v in p.rows()]
   lines += [f"| {'train step (remat)':<24} | {p.train_total / GIB:>8.2f} |",
-            f"| {'rollout (params + cache)':<24} | {p.rollout_total / GIB:>8.2f} |",
-            f"| {'HBM per chip':<24} | {p.hbm / GIB:>8.2f} |"]
+            f"| {'rollout (+ moments)':<24} | {p.rollout_total / GIB:>8.2f} |",
+            f"| {'HBM per chip':<24} | {p.hbm / GIB:>8.2f} |",
+            f"rollout rows of {seq} tokens that fit in {USABLE_HBM:.0%} of HBM next to params and moments: {p.rollout_rows_fit}"]
   return "\n".join(lines)
 
 

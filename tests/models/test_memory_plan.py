@@ -41,6 +41,12 @@ def test_plan_of_qwen3_4b_on_a_slice():
   # 64 rows x 4096 tokens x 36 layers x (K + V) x 8 kv heads x 128 x 2 bytes, rows over the 8 chips
   assert p.kv_cache == 64 * 4096 * 36 * 2 * 8 * 128 * 2 // 8
   assert p.activations_remat < p.activations
+  # Rows that fit: a multiple of the 8 batch devices whose cache fills no more than 90% of HBM with the params
+  # and moments (resident during rollouts), and 8 rows more would not.
+  per_row, resident = 4096 * 36 * 2 * 8 * 128 * 2 // 8, p.params + p.optimizer
+  assert p.rollout_total == resident + p.kv_cache
+  assert p.rollout_rows_fit % 8 == 0 and resident + p.rollout_rows_fit * per_row <= 0.9 * (95 << 30)
+  assert resident + (p.rollout_rows_fit + 8) * per_row > 0.9 * (95 << 30)
 
 
 def test_cli_prints_one_json_line(capsys):
