@@ -10,7 +10,9 @@ generation prompt is how it renders an assistant header); then assistant turn `a
 ends with its closing `<|im_end|>`, the first one after that start (message contents may not contain control
 tokens, so it cannot come from the text itself). Trained (mask 1): each assistant turn's content, tool calls
 and closing `<|im_end|>`. Masked: system, user and tool turns, the `<|im_start|>assistant\n` headers, the
-newline after `<|im_end|>`. A template whose renders do not extend each other is reported, never mis-masked.
+newline after `<|im_end|>`. A template whose renders do not extend each other, or that rewrites an assistant
+turn's content once later turns exist (Qwen3 drops the reasoning of turns before the last user message), is
+reported, never mis-masked.
 
 The turn's end comes from `full` rather than from `render(messages[:a + 1])` because some templates (Qwen3's)
 render the *last* assistant turn differently from the same turn as history; `full` is what is trained on.
@@ -129,10 +131,20 @@ def render_pieces(tokenizer, messages: Sequence[dict[str, Any]], tools: Sequence
     if end < 0:
       raise MalformedConversation(f"message {a} (assistant): rendered turn has no {end_of_turn!r}")
     end += len(end_of_turn)
+    if _squash(messages[a]["content"]) not in _squash(full[start:end]):
+      raise MalformedConversation(
+          f"message {a} (assistant): the chat template rewrites this turn once later turns exist (Qwen3's drops "
+          "the <think> reasoning of turns before the last user message), so training on the full render would "
+          "teach text the model never wrote; give each user question its own conversation")
     pieces += [(full[pos:start], False), (full[start:end], True)]
     pos = end
   pieces.append((full[pos:], False))  # after the last assistant turn: its trailing newline
   return [p for p in pieces if p[0]]
+
+
+def _squash(text: str) -> str:
+  """Text without whitespace: templates re-space what they render (Qwen3 puts newlines around reasoning)."""
+  return "".join(text.split())
 
 
 def encode_conversation(tokenizer, messages: Sequence[dict[str, Any]],

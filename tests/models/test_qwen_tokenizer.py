@@ -129,3 +129,43 @@ def test_collection_render_check_with_qwen3(qwen3):
       assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"code": "print(37*41)"}
       np.testing.assert_array_equal(episode.response_ids[:len(qwen3.encode(call, add_special_tokens=False))],
                                     qwen3.encode(call, add_special_tokens=False))
+
+
+def test_qwen3_rewriting_earlier_turns_is_refused_and_single_question_reasoning_is_kept(qwen3):
+  """Qwen3's template drops the `<think>` block of assistant turns before the last user message once a later
+  message exists: the full render (what SFT trains on) would then teach an answer without the reasoning the
+  data holds. Refused with the reason; the recipe's one-question tool-use conversations keep every turn's
+  reasoning and train exactly the assistant turns."""
+  first = [{"role": "user", "content": "Compute 2+3."},
+           {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n\\boxed{5}"}]
+  second = [{"role": "user", "content": "And 37*41?"},
+            {"role": "assistant", "content": "<think>\ncall the tool\n</think>\n\n", "tool_calls": [CALL]},
+            {"role": "tool", "content": "1517"},
+            {"role": "assistant", "content": "<think>\nthe tool said 1517\n</think>\n\nThe answer is \\boxed{1517}."}]
+  full = tok_lib.render_chat(qwen3, first + second)
+  assert "add them" not in full and "the tool said 1517" in full  # the template rewrote the first turn
+  with pytest.raises(masking.MalformedConversation, match="message 1 .*rewrites this turn"):
+    masking.encode_conversation(qwen3, first + second)
+  for conv in (first, second):
+    enc = masking.encode_conversation(qwen3, conv)
+    assert qwen3.decode(enc.tokens) == tok_lib.render_chat(qwen3, conv)
+  trained = qwen3.decode(enc.tokens[enc.loss_mask])
+  assert trained == ("<think>\ncall the tool\n</think>\n\n"
+                     '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(37*41)"}}\n</tool_call>'
+                     "<|im_end|><think>\nthe tool said 1517\n</think>\n\nThe answer is \\boxed{1517}.<|im_end|>")
+
+
+def test_a_template_that_rewrites_history_inconsistently_is_refused(qwen3):
+  """A template whose render of the history changes once later turns exist (here: an earlier assistant turn
+  is replaced by a summary) would train on text nobody wrote: refused with the reason, never mis-masked."""
+  import copy
+
+  tok = copy.copy(qwen3)
+  tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n"
+                       "{% if m.role == 'assistant' and not loop.last %}(earlier answer){% else %}{{ m.content }}"
+                       "{% endif %}<|im_end|>\n{% endfor %}"
+                       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+  conv = [{"role": "user", "content": "Compute 2+3."}, {"role": "assistant", "content": "\\boxed{5}"},
+          {"role": "user", "content": "And 2+4?"}, {"role": "assistant", "content": "\\boxed{6}"}]
+  with pytest.raises(masking.MalformedConversation, match="message 1 .*rewrites this turn"):
+    masking.encode_conversation(tok, conv)
