@@ -54,3 +54,33 @@ def test_cli_prints_one_json_line(capsys):
                     "--json"])
   out = json.loads(capsys.readouterr().out)
   assert out["mesh"] == {"data": 1, "fsdp": 8, "tensor": 2} and out["kv_cache"] > 0
+
+
+@pytest.mark.parametrize("data,fsdp,tensor", [(1, 8, 1), (1, 4, 2)])
+def test_plan_state_bytes_equal_the_compiled_update_steps_arguments(data, fsdp, tensor):
+  """XLA's own accounting of the compiled (sharded) update step on 8 fake CPU devices: its per-device argument
+  bytes are the plan's params + AdamW moments, plus the batch rows and the scalars (step, Adam count, key)."""
+  import jax.numpy as jnp
+
+  from agentrl_jax.rl import losses
+  from agentrl_jax.rl import update as update_lib
+
+  cfg = ModelConfig.tiny_qwen3(vocab_size=512, num_heads=4, num_kv_heads=2)
+  mesh = sharding_lib.make_mesh(data, fsdp, tensor)
+  opt_cfg = update_lib.OptimizerConfig()
+  graphdef, abstract = update_lib.abstract_train_state(cfg, opt_cfg, mesh)
+  shardings = update_lib.train_state_shardings(abstract, mesh)
+  update = update_lib.make_update_fn(graphdef, shardings, losses.LossConfig(), opt_cfg, mesh, micro_batch_size=8,
+                                     logits_chunk_size=None)
+  b, t = 8, 64
+  bs = update_lib.batch_sharding(mesh)
+  spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=bs)  # noqa: E731
+  batch = {"tokens": spec((b, t), jnp.int32), "loss_mask": spec((b, t), jnp.float32),
+           "advantages": spec((b,), jnp.float32), "old_logp": spec((b, t), jnp.float32)}
+  compiled = update.lower(abstract, batch, jax.ShapeDtypeStruct((), jax.random.key(0).dtype)).compile()
+  args = compiled.memory_analysis().argument_size_in_bytes
+  p = memory_plan.plan(cfg, chips=8, hbm=16 << 30, seq=t, rows=8, data=data, tensor=tensor)
+  rows = b // (data * fsdp)
+  batch_bytes = rows * t * (4 + 4 + 4) + rows * 4
+  scalars = args - (p.params + p.optimizer + batch_bytes)
+  assert 0 <= scalars <= 64, (args, p.params, p.optimizer, batch_bytes)  # step, Adam's count, the key
