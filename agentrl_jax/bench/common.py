@@ -82,13 +82,32 @@ def log(msg: str) -> None:
   print(msg, file=sys.stderr, flush=True)
 
 
+def backend_info() -> dict:
+  """This process's JAX backend and devices, for the JSON line of every side of a comparison."""
+  import jax
+
+  devices = jax.devices()
+  return {"backend": jax.default_backend(), "device_kind": devices[0].device_kind, "device_count": len(devices)}
+
+
+def jax_platforms() -> str:
+  """`JAX_PLATFORMS` naming the backend this process runs on, so a peer's process runs on the same one."""
+  import jax
+
+  backend = jax.default_backend()
+  return os.environ.get("JAX_PLATFORMS") or {"gpu": "cuda"}.get(backend, backend)
+
+
 class SideProcess:
   """A worker script run in another interpreter (Tunix's side venv), driven by a line protocol on stdin/stdout:
-  it prints one JSON line when ready, answers `run N` with one JSON line, and exits on `quit`."""
+  it prints one JSON line when ready, answers `run N` with one JSON line, and exits on `quit`.
+
+  The worker runs on this process's backend (`JAX_PLATFORMS` passed on), and its first line says which backend
+  and devices it got (`backend_info`), so a comparison never pits an accelerator against a CPU."""
 
   def __init__(self, python: str, script: str, args: list[str]):
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS=jax_platforms())
     self.proc = subprocess.Popen([python, path, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                  env=env)
     self.first = self._read()

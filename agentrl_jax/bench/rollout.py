@@ -198,7 +198,8 @@ def run(args) -> dict:
   def reprefill(r):
     return run_reprefill(sampler, params, prompts, scripts, args.n, tok, executor, base, jax.random.key(r))
 
-  out = {"bench": "rollout", "size": args.size, "episodes": episodes, "groups": args.groups, "n": args.n,
+  out = {"bench": "rollout", "device": common.backend_info(),
+         "size": args.size, "episodes": episodes, "groups": args.groups, "n": args.n,
          "tool_turns": args.tool_turns, "tool_latency_s": args.tool_latency, "batch": batch,
          "segment_len": args.segment_len, "min_tool_stops": args.min_tool_stops}
   common.log(f"[bench.rollout] warm-up (compiles) on {args.size}, {episodes} episodes")

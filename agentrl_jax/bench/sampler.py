@@ -155,7 +155,8 @@ def run_size(size: str, args) -> dict:
   prompts = np.random.default_rng(args.seed).integers(1, cfg.vocab_size, (b, plen)).astype(np.int32)
   prompts_path = os.path.join(workdir, "prompts.npy")
   np.save(prompts_path, prompts)
-  out = {"bench": "sampler", "size": size, "params": cfg.param_count(), "batch": b, "prompt_len": plen,
+  out = {"bench": "sampler", "device": common.backend_info(),
+         "size": size, "params": cfg.param_count(), "batch": b, "prompt_len": plen,
          "new_tokens": new, "dtype": "float32"}
 
   # ---------------------------------------------------------------- ours
@@ -190,6 +191,7 @@ def run_size(size: str, args) -> dict:
     common.log(f"[bench.sampler] {size}: starting Tunix (load + compile)")
     worker = TunixWorker(python, hf_dir, prompts_path, new)
     out["tunix_compile_s"] = worker.first["compile_s"]
+    out["tunix_device"] = {k: worker.first.get(k) for k in ("backend", "device_kind", "device_count")}
     assert all(n == new for n in worker.first["new_tokens_per_row"]), worker.first
 
   # ---------------------------------------------------------------- rounds

@@ -45,6 +45,15 @@ class IdTokenizer:
     return 0
 
 
+
+def _backend() -> dict:
+  """The backend and devices this worker runs on (the parent passes its own JAX_PLATFORMS)."""
+  import jax
+
+  return {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+          "device_count": jax.device_count()}
+
+
 def main() -> None:
   p = argparse.ArgumentParser()
   p.add_argument("--hf-dir", required=True)
@@ -87,7 +96,8 @@ def main() -> None:
     t0 = time.perf_counter()
     out = call(0)
     compile_s = time.perf_counter() - t0
-    print(json.dumps({"ready": True, "compile_s": compile_s, "new_tokens_per_row": [len(t) for t in out.tokens]}),
+    print(json.dumps({"ready": True, "compile_s": compile_s, "new_tokens_per_row": [len(t) for t in out.tokens],
+                      **_backend()}),
           flush=True)
     seed = 1
     for line in sys.stdin:

@@ -99,7 +99,8 @@ def run(args) -> dict:
   np.savez(batch_path, **batch, prompt_len=prompt_len, pad_id=PAD_ID)
   batch = jax.device_put(batch, update_lib.batch_sharding(mesh))  # on device once, like Tunix's example
 
-  out = {"bench": "update", "model": args.model, "params": cfg.param_count(), "batch": b, "seq": t,
+  out = {"bench": "update", "device": common.backend_info(),
+         "model": args.model, "params": cfg.param_count(), "batch": b, "seq": t,
          "micro_batch": args.micro_batch or b, "logits_chunk": args.chunk, "dtype": "float32",
          "flops_per_token": common.train_flops_per_token(cfg, t),
          "flops_formula": "6*N + 12*L*n_heads*head_dim*T per token (PaLM), N = matmul params incl. LM head"}
@@ -120,6 +121,7 @@ def run(args) -> dict:
     worker = TunixWorker(python, hf_dir, batch_path)
     tf = worker.first
     out["tunix_compile_s"] = tf["compile_s"]
+    out["tunix_device"] = {k: tf.get(k) for k in ("backend", "device_kind", "device_count")}
     out["loss"], out["tunix_loss"] = first["loss"], tf["loss"]
     out["loss_rel_diff"] = abs(first["loss"] - tf["loss"]) / max(abs(tf["loss"]), 1e-12)
     out["entropy"], out["tunix_entropy"] = first["entropy"], tf["entropy"]

@@ -23,6 +23,15 @@ import sys
 import time
 
 
+
+def _backend() -> dict:
+  """The backend and devices this worker runs on (the parent passes its own JAX_PLATFORMS)."""
+  import jax
+
+  return {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+          "device_count": jax.device_count()}
+
+
 def main() -> None:
   p = argparse.ArgumentParser()
   p.add_argument("--hf-dir", required=True)
@@ -86,7 +95,7 @@ def main() -> None:
     first = {"ready": True, "compile_s": time.perf_counter() - t, "loss": float(loss),
              "entropy": float(aux["entropy"]), "pg_clipfrac": float(aux["pg_clipfrac"]),
              "grad_norm": float(grad_norm)}
-    print(json.dumps(first), flush=True)
+    print(json.dumps({**first, **_backend()}), flush=True)
     for line in sys.stdin:
       cmd = line.split()
       if not cmd or cmd[0] == "quit":

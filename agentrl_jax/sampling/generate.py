@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl_jax import multihost
 from agentrl_jax.sampling.config import StopReason, bucket, pow2_bucket
 from agentrl_jax.sampling.sampler import Sampler
 

@@ -26,6 +26,7 @@ def _json_lines(main, argv):
 
 def _check_sampler_line(line):
   assert line["bench"] == "sampler" and line["size"] == "tiny_qwen3"
+  assert line["device"] == {"backend": "cpu", "device_kind": "cpu", "device_count": 8}
   assert line["params"] == ModelConfig.tiny_qwen3().param_count()
   assert (line["batch"], line["prompt_len"], line["new_tokens"], line["rounds"]) == (4, 8, 8, 1)
   # One round: throughput, step time and the ratios are the same measurements, so they must agree.
@@ -50,6 +51,7 @@ def test_sampler_bench_smoke_with_tunix():
   (line,) = _json_lines(bench_sampler.main, SAMPLER_ARGV)
   _check_sampler_line(line)
   assert line["tunix_tok_s"] > 0
+  assert line["tunix_device"]["backend"] == line["device"]["backend"]  # the peer runs on our backend
   assert line["speedup_tunix"] == pytest.approx(line["ours_tok_s"] / line["tunix_tok_s"], rel=1e-9)
 
 
@@ -69,7 +71,7 @@ def test_rollout_bench_smoke():
   argv = ["--size", "tiny_qwen3", "--groups", "2", "--n", "2", "--tool-turns", "2", "--rounds", "1",
           "--tool-latency", "0.01", "--segment-len", "16"]
   (line,) = _json_lines(bench_rollout.main, argv)
-  assert line["bench"] == "rollout" and line["episodes"] == 4
+  assert line["bench"] == "rollout" and line["episodes"] == 4 and line["device"]["backend"] == "cpu"
   assert line["transcripts_match"]
   # Every scripted episode made its tool calls and ended its last turn itself.
   assert line["num_tool_calls"] == line["episodes"] * line["tool_turns"] and line["stop_reasons"] == ["end"]
@@ -84,3 +86,23 @@ def test_rollout_bench_smoke():
   mode = line["default_mode"]
   assert line["ours_episodes_s"] == line[f"{mode}_episodes_s"]
   assert line["speedup"] == pytest.approx(line["ours_episodes_s"] / line["reprefill_episodes_s"], rel=1e-9)
+
+
+def test_the_peer_process_runs_on_our_backend(tmp_path, monkeypatch):
+  """A side process (Tunix's venv) inherits this process's backend through JAX_PLATFORMS, whatever it is, and
+  reports the backend it got: no forced CPU peer against an accelerator run."""
+  import sys
+
+  worker = tmp_path / "worker.py"
+  worker.write_text("import json, os\nprint(json.dumps({'platforms': os.environ.get('JAX_PLATFORMS')}), flush=True)\n"
+                    "import sys\nfor line in sys.stdin:\n  break\n")
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  assert common.jax_platforms() == "cpu"  # this process's backend, named as JAX_PLATFORMS spells it
+  side = common.SideProcess(sys.executable, str(worker), [])
+  try:
+    assert side.first == {"platforms": "cpu"}
+  finally:
+    side.close()
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  assert common.jax_platforms() == "cpu"
+  assert common.backend_info() == {"backend": "cpu", "device_kind": "cpu", "device_count": 8}

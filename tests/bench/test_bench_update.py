@@ -28,7 +28,7 @@ def test_bench_update_prints_one_json_line_without_tunix(capsys):
   lines = capsys.readouterr().out.strip().splitlines()
   assert len(lines) == 1
   out = json.loads(lines[0])
-  assert out["bench"] == "update" and out["tunix_tok_s"] is None
+  assert out["bench"] == "update" and out["tunix_tok_s"] is None and out["device"]["backend"] == "cpu"
   assert (out["batch"], out["seq"], out["params"]) == (2, 64, _PARAMS)
   assert out["flops_per_token"] == _FLOPS_PER_TOKEN == 25_952_256
   # The reported rates are one measurement seen three ways: they must agree.
