@@ -8,7 +8,9 @@ The block's fields (all jobs use the same ones):
     checkpoint_step which step of `checkpoint` (0 = the latest)
     tokenizer_path  tokenizer directory; default `hf_path` (the jobs fill in the embedded task's tokenizer when
                     both are empty: `agentrl_jax.tasks.tokenizer.fill_model_block`)
-    param_dtype, dtype, remat   overrides of the ModelConfig fields ("" = keep)
+    param_dtype, dtype, remat   overrides of the ModelConfig fields ("" = keep); `dtype="auto"` is the compute
+                    dtype of the backend: bfloat16 on TPU and GPU, float32 on CPU (master weights, optimizer
+                    state, logits, log-probs, loss and entropy stay float32 either way)
 """
 
 from __future__ import annotations
@@ -30,9 +32,19 @@ log = logging.getLogger(__name__)
 _OVERRIDES = ("param_dtype", "dtype", "remat")
 
 
+def compute_dtype(dtype: str) -> str:
+  """A model block's `dtype`: "auto" -> bfloat16 on accelerators, float32 on CPU (where bf16 matmuls are
+  emulated and slower); anything else as given."""
+  if dtype != "auto":
+    return dtype
+  return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+
 def tokenizer_and_config(m: ml_collections.ConfigDict):
   """The tokenizer and the `ModelConfig` the block describes (nothing is allocated)."""
   overrides = {k: m[k] for k in _OVERRIDES if m.get(k) not in (None, "")}
+  if "dtype" in overrides:
+    overrides["dtype"] = compute_dtype(overrides["dtype"])
   tok_path = m.get("tokenizer_path") or m.get("hf_path")
   if not tok_path:
     raise ValueError("model.tokenizer_path and model.hf_path are both empty: no tokenizer to load (the jobs "
