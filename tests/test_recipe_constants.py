@@ -175,7 +175,8 @@ IMPLEMENTATION = (
     "eval_root",                                     # job plumbing, logging, seeds (not portable across stacks)
     "mesh.", "sampler_mesh.",                        # device layouts (verl: FSDP + Ulysses sp=4 on 8 GPUs)
     "model.checkpoint", "model.checkpoint_step", "model.hf_path", "model.tokenizer_path",  # local paths
-    "model.dtype", "model.param_dtype",              # bf16 compute on fp32 master weights (verl's FSDP mixed
+    "model.dtype", "model.param_dtype", "model.attention_impl",  # bf16 compute on fp32 master weights, the
+                                                     # attention kernel by backend (verl's FSDP mixed
                                                      # precision); the SFT's fp32 is in the table
     "data.data_dir", "data.path", "data.train_path", "data.train_schema", "data.skip_malformed",
     "data.toy_",                                     # data plumbing and the embedded CPU task

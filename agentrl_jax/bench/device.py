@@ -11,8 +11,8 @@ Prints one JSON line per part:
   update   the GRPO-TCR update (`rl.update.make_update_fn`, token-mean clip-higher loss, remat as the recipe)
            on `update_rows` x `update_seq` tokens: tokens/s and MFU (PaLM's 6N + 12LHT FLOPs per token);
 both with compile seconds (first call minus a timed call), peak device memory where the backend reports it, the
-device kind and the attention implementation (XLA's blocked attention: this project does not select Pallas /
-cuDNN kernels by backend yet).
+device kind and the attention implementation of training and prefill (`--attention`, default "auto": the splash
+kernel on TPU, XLA's blocked attention elsewhere; decode always reads the cache through the XLA path).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentrl_jax.bench import common
-from agentrl_jax.models import loading
+from agentrl_jax.models import attention_kernels, loading
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
 
@@ -35,7 +35,6 @@ from agentrl_jax.models.config import ModelConfig
 CHIPS = (("H200", 989e12, 4.8e12), ("H100", 989e12, 3.35e12), ("A100", 312e12, 2.0e12),
          ("TPU v6", 918e12, 1.64e12), ("TPU v5p", 459e12, 2.765e12), ("TPU v5 lite", 197e12, 0.819e12),
          ("TPU v5e", 197e12, 0.819e12), ("TPU v4", 275e12, 1.2e12))
-ATTENTION = "xla-blocked"
 
 
 def chip_specs(kind: str) -> tuple[float | None, float | None]:
@@ -143,12 +142,14 @@ def main(argv=None) -> list[dict]:
   ap.add_argument("--rounds", type=int, default=2)
   ap.add_argument("--parts", default="sampler,update")
   ap.add_argument("--devices", type=int, default=0, help="devices of the (fsdp) mesh; 0 = all")
+  ap.add_argument("--attention", default="auto", help="attention_impl: auto, xla, splash or cudnn")
   args = ap.parse_args(argv)
-  cfg = ModelConfig.by_name(args.size, param_dtype=args.dtype, dtype=args.dtype)
+  impl = attention_kernels.auto_impl() if args.attention == "auto" else args.attention
+  cfg = ModelConfig.by_name(args.size, param_dtype=args.dtype, dtype=args.dtype, attention_impl=impl)
   devices = jax.devices()[:args.devices or None]
   mesh = sharding_lib.make_mesh(1, -1, 1, devices=devices)
   device = {"device_kind": devices[0].device_kind, "devices": len(devices), "backend": jax.default_backend(),
-            "attention": ATTENTION, "size": args.size, "dtype": args.dtype, "params": cfg.param_count()}
+            "attention": impl, "size": args.size, "dtype": args.dtype, "params": cfg.param_count()}
   out = []
   for part in args.parts.split(","):
     result = {"sampler": bench_sampler, "update": bench_update}[part](cfg, mesh, args)

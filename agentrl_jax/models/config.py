@@ -41,6 +41,10 @@ class ModelConfig:
     remat: rematerialise each decoder layer in the backward pass (saves activation memory).
     attention_block: query block of causal self-attention without a cache (training, scoring): each block
       skips the keys above the diagonal; 0 = one dense [T, T] block. A compute setting, not part of HF configs.
+    attention_impl: kernel of that attention: "xla" (the blocked attention above, any backend), "splash" (TPU
+      splash attention) or "cudnn" (cuDNN flash attention on GPU); see `models/attention_kernels.py`. Decode
+      over the KV cache always uses the XLA path. A compute setting, not part of HF configs.
+    attention_interpret: run the Pallas kernel of "splash" in interpret mode (CPU tests).
     bos_token_id, eos_token_id: carried through for HF export.
   """
 
@@ -62,6 +66,8 @@ class ModelConfig:
   dtype: str = "float32"
   remat: bool = False
   attention_block: int = 256
+  attention_impl: str = "xla"
+  attention_interpret: bool = False
   bos_token_id: int | None = 151643
   eos_token_id: int | None = 151645
 
@@ -80,6 +86,8 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.head_dim: RoPE needs an even head_dim, got {self.head_dim}")
     if not isinstance(self.attention_block, int) or self.attention_block < 0:
       raise ValueError(f"ModelConfig.attention_block: must be an int >= 0, got {self.attention_block!r}")
+    if self.attention_impl not in ("xla", "splash", "cudnn"):
+      raise ValueError(f"ModelConfig.attention_impl: expected 'xla', 'splash' or 'cudnn', got {self.attention_impl!r}")
     if self.rope_theta <= 0:
       raise ValueError(f"ModelConfig.rope_theta: must be > 0, got {self.rope_theta}")
     if not 0 < self.rms_norm_eps < 1:

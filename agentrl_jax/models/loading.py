@@ -8,6 +8,7 @@ The block's fields (all jobs use the same ones):
     checkpoint_step which step of `checkpoint` (0 = the latest)
     tokenizer_path  tokenizer directory; default `hf_path` (the jobs fill in the embedded task's tokenizer when
                     both are empty: `agentrl_jax.tasks.tokenizer.fill_model_block`)
+    attention_impl  the attention kernel ("" = the ModelConfig's "xla"; "auto": splash on TPU, xla elsewhere)
     param_dtype, dtype, remat   overrides of the ModelConfig fields ("" = keep); `dtype="auto"` is the compute
                     dtype of the backend: bfloat16 on TPU and GPU, float32 on CPU (master weights, optimizer
                     state, logits, log-probs, loss and entropy stay float32 either way)
@@ -22,14 +23,14 @@ from flax import nnx
 import jax
 import ml_collections
 
-from agentrl_jax.models import hf_io
+from agentrl_jax.models import attention_kernels, hf_io
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models import tokenizer as tok_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.qwen import Qwen
 
 log = logging.getLogger(__name__)
-_OVERRIDES = ("param_dtype", "dtype", "remat")
+_OVERRIDES = ("param_dtype", "dtype", "remat", "attention_impl")
 
 
 def compute_dtype(dtype: str) -> str:
@@ -45,6 +46,8 @@ def tokenizer_and_config(m: ml_collections.ConfigDict):
   overrides = {k: m[k] for k in _OVERRIDES if m.get(k) not in (None, "")}
   if "dtype" in overrides:
     overrides["dtype"] = compute_dtype(overrides["dtype"])
+  if overrides.get("attention_impl") == "auto":
+    overrides["attention_impl"] = attention_kernels.auto_impl()
   tok_path = m.get("tokenizer_path") or m.get("hf_path")
   if not tok_path:
     raise ValueError("model.tokenizer_path and model.hf_path are both empty: no tokenizer to load (the jobs "
@@ -99,7 +102,7 @@ def load_policy(m: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, key: jax.
 def model_block(**kw) -> ml_collections.ConfigDict:
   """A `model` config block with every field present (configs override what they need)."""
   block = dict(size="tiny_qwen3", hf_path="", checkpoint="", checkpoint_step=0, tokenizer_path="", param_dtype="",
-               dtype="", remat=False)
+               dtype="", remat=False, attention_impl="")
   unknown = set(kw) - set(block)
   if unknown:
     raise ValueError(f"model_block: unknown fields {sorted(unknown)}")

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
+from agentrl_jax.models import attention_kernels
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.kv_cache import KVCache, write_chunk
 from agentrl_jax.models.sharding import shard
@@ -116,8 +117,9 @@ class Attention(nnx.Module):
       self.q_norm_h = _param(rngs, (h,), ("norm",), pd, "ones")
       self.k_norm_h = _param(rngs, (h,), ("norm",), pd, "ones")
 
-  def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, cache_lengths=None):
+  def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, cache_lengths=None, segment_ids=None):
     """Returns `(out [B, T, D], (k_cache, v_cache) or None)`; `rope_cs` is `rope_angles` of the positions.
+    `segment_ids` `[B, T]` (no cache) feed the fused kernels, which build the causal + segment mask themselves.
 
     Without a cache, keys are this chunk's own (S = T). With one, the chunk's keys/values are first
     written at slots `cache_lengths[b] + t`, then the queries attend over all S cache slots.
@@ -144,6 +146,10 @@ class Attention(nnx.Module):
     if cache_kv is not None:
       new_cache = write_chunk(*cache_kv, k, v, cache_lengths)
       out = _cached_attention(qg, new_cache[0].astype(dt), new_cache[1].astype(dt), mask_bts, scale)
+    elif cfg.attention_impl == "splash":
+      out = attention_kernels.splash_attention(qg, k, v, segment_ids, scale, interpret=cfg.attention_interpret)
+    elif cfg.attention_impl == "cudnn":
+      out = attention_kernels.cudnn_attention(qg, k, v, mask_bts, scale)
     elif cfg.attention_block and t > cfg.attention_block:
       out = _causal_blocked_attention(qg, k, v, mask_bts, scale, cfg.attention_block)
     else:
@@ -181,10 +187,10 @@ class DecoderLayer(nnx.Module):
     self.mlp_norm_d = _param(rngs, (cfg.hidden_size,), ("norm",), cfg.jnp_param_dtype, "ones")
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, cache_lengths=None):
+  def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, cache_lengths=None, segment_ids=None):
     eps = self.cfg.rms_norm_eps
     h, new_cache = self.attn(rms_norm(x_btd, self.attn_norm_d[...], eps), rope_cs, mask_bts, cache_kv,
-                             cache_lengths)
+                             cache_lengths, segment_ids)
     x_btd = x_btd + h
     x_btd = x_btd + self.mlp(rms_norm(x_btd, self.mlp_norm_d[...], eps))
     return x_btd, new_cache
@@ -228,6 +234,7 @@ class Qwen(nnx.Module):
     """
     cfg = self.cfg
     b, t = tokens.shape
+    segs = None
     x = jnp.take(self.embed_vd[...], tokens, axis=0).astype(cfg.jnp_dtype)
     x = shard(x, ("batch", "seq", "act_embed"))
     q_idx = jnp.arange(t, dtype=jnp.int32)
@@ -238,6 +245,9 @@ class Qwen(nnx.Module):
       if segment_ids is not None:
         mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
       mask = jnp.broadcast_to(mask, (b, t, t))
+      if cfg.attention_impl != "xla":
+        attention_kernels.check_backend(cfg.attention_impl, cfg.attention_interpret)
+        segs = jnp.zeros((b, t), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
     else:
       if positions is not None or segment_ids is not None:
         raise ValueError("positions/segment_ids are implied by the cache; do not pass them in cache mode")
@@ -254,7 +264,7 @@ class Qwen(nnx.Module):
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
-      x, layer_cache = layer_fn(layer, x, rope_cs, mask, kv, None if cache is None else cache.lengths)
+      x, layer_cache = layer_fn(layer, x, rope_cs, mask, kv, None if cache is None else cache.lengths, segs)
       if layer_cache is not None:
         new_k.append(layer_cache[0])
         new_v.append(layer_cache[1])

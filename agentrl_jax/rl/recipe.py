@@ -53,7 +53,7 @@ def rl_config(**model) -> ml_collections.ConfigDict:
   config.job = "rl"
   config.seed = 0
   config.model = loading.model_block(**{"size": "qwen3_4b", "param_dtype": "float32", "dtype": "auto",
-                                        "remat": True, **model})
+                                        "attention_impl": "auto", "remat": True, **model})
   config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=0))
   # The rollouts' layout over the same devices (e.g. data=1, fsdp=1, tensor=-1); all zero: the trainer's mesh.
   config.sampler_mesh = ml_collections.ConfigDict(dict(data=0, fsdp=0, tensor=0))
@@ -145,7 +145,8 @@ def sft_config(**model) -> ml_collections.ConfigDict:
   config.job = "sft"
   config.seed = 0
   config.model = loading.model_block(**{"size": "qwen3_4b", "hf_path": "", "tokenizer_path": "",
-                                        "param_dtype": "float32", "dtype": "auto", "remat": True, **model})
+                                        "param_dtype": "float32", "dtype": "auto", "attention_impl": "auto",
+                                        "remat": True, **model})
   config.data = ml_collections.ConfigDict(dict(
       path="",                  # the recipe's SFT parquet (`messages`, `tools`) or JSONL
       data_dir="",              # built ArrayRecord datasets; default WORKDIR/tfds

@@ -31,5 +31,5 @@ def test_tiny_run_prints_both_parts(capsys):
   assert sampler["tok_s"] == pytest.approx(4 / (sampler["step_ms"] / 1e3), rel=1e-9)
   assert update["tok_s"] == pytest.approx(2 * 32 / update["step_s"], rel=1e-9)
   assert sampler["mfu"] is None and sampler["roofline_frac"] is None  # no chip peak known for a CPU
-  assert sampler["attention"] == "xla-blocked" and update["device_kind"] == "cpu"
+  assert sampler["attention"] == "xla" and update["device_kind"] == "cpu"
   assert len(capsys.readouterr().out.strip().splitlines()) == 2
