@@ -7,8 +7,9 @@ the gradient accumulator, the rollout KV cache for `rows` sequences of `seq` tok
 training micro-batch with and without rematerialisation, against the chip's HBM. Shapes and shardings are
 exact (every parameter's partition spec comes from `sharding.LOGICAL_RULES`, applied to an abstract mesh of the
 slice's size: no devices are needed) and checked against real sharded arrays in tests/models/test_memory_plan.py.
-Activations are an estimate of what the backward pass keeps with a fused attention kernel (splash / cuDNN: no
-score matrix is stored); XLA:CPU's blocked attention stores scores as well and is not modelled.
+Activations are the residuals JAX's autodiff saves for the backward pass with a fused attention kernel (splash /
+cuDNN: no score matrix), counted per layer and checked against `saved_residuals` on CPU with the splash kernel in
+interpret mode; XLA's fusion can only drop some of them (see `activation_bytes`).
 """
 
 from __future__ import annotations
@@ -129,22 +130,39 @@ def kv_cache_bytes(cfg: ModelConfig, rows: int, seq: int, mesh_shape: dict[str, 
 
 
 def activation_bytes(cfg: ModelConfig, tokens: int, tensor: int, *, remat: bool, logits_chunk: int = 1024) -> int:
-  """What one micro-batch of `tokens` tokens (per device) keeps for the backward pass.
+  """What one micro-batch of `tokens` tokens (per device) keeps for the backward pass, with a fused attention
+  kernel (splash / cuDNN: no score matrix).
 
-  Per layer without remat: the inputs of both norms and of every projection (q/k/v/o, gate/up/down), the
-  attention output and the MLP's gate, up and activation (heads and MLP width split over `tensor`). With remat
-  only each layer's input survives, plus one layer's worth while it is recomputed. The loss adds the float32
-  logits of one `logits_chunk`-token chunk and their gradient.
+  The count is the residuals JAX's autodiff saves (checked element for element against `saved_residuals` of the
+  update's forward with the splash kernel, in float32, in tests/models/test_memory_plan.py), per token and layer:
+  6 hidden-width and 6 MLP-width arrays (norm inputs and outputs, projections, SwiGLU parts), 5 query-width and
+  4 kv-width arrays (q, k, v around RoPE and the kernel's operands) and the per-head / per-token statistics of
+  the norms and the kernel; plus the final norm's 3 hidden-width arrays and the RoPE tables. XLA's fusion can
+  only drop some of these, so this is an upper bound of the saved activations. With remat only each layer's
+  input survives, plus one layer's residuals while it is recomputed. The loss adds the float32 logits of one
+  `logits_chunk`-token chunk and their gradient (transient). Counted at the compute dtype's size; a bf16 run
+  also keeps its norms' float32 inputs (at most 2 hidden-width arrays per layer more).
   """
   b = _itemsize(cfg.dtype)
   d, f = cfg.hidden_size, -(-cfg.intermediate_size // tensor)
-  qo = -(-cfg.num_heads // tensor) * cfg.head_dim
-  kv = -(-cfg.num_kv_heads // tensor) * cfg.head_dim
-  per_layer = tokens * b * (4 * d + 3 * qo + 2 * kv + 4 * f)
+  n, k = -(-cfg.num_heads // tensor), -(-cfg.num_kv_heads // tensor)
+  qo, kv = n * cfg.head_dim, k * cfg.head_dim
+  per_layer = tokens * b * (6 * d + 6 * f + 5 * qo + 4 * kv) + tokens * 4 * (3 * n + 2 * k + 4)
+  final = tokens * b * 3 * d + tokens * 4 * 2 + tokens * b * 2 * cfg.head_dim  # final norm; RoPE cos and sin
   layers = cfg.num_layers * tokens * d * b + per_layer if remat else cfg.num_layers * per_layer
   vocab = -(-cfg.vocab_size // tensor)
   logits = 2 * min(tokens, logits_chunk) * vocab * 4
-  return layers + logits + 2 * tokens * d * 4  # + the final hidden states and their gradient in float32
+  return layers + final + logits
+
+
+def residual_bytes(cfg: ModelConfig, tokens: int, *, remat: bool) -> int:
+  """`activation_bytes` without its transient parts (the loss chunk's logits; with remat, the recomputed
+  layer): what stays saved between the forward and the backward pass, as `saved_residuals` reports it."""
+  full = activation_bytes(cfg, tokens, 1, remat=remat, logits_chunk=1)
+  b = _itemsize(cfg.dtype)
+  d, f, qo, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+  recomputed = tokens * b * (6 * d + 6 * f + 5 * qo + 4 * kv) + tokens * 4 * (3 * cfg.num_heads + 2 * cfg.num_kv_heads + 4)
+  return full - 2 * cfg.vocab_size * 4 - (recomputed if remat else 0)
 
 
 def plan(cfg: ModelConfig, *, chips: int, hbm: int, seq: int, rows: int, data: int = 1, tensor: int = 1,

@@ -84,3 +84,27 @@ def test_plan_state_bytes_equal_the_compiled_update_steps_arguments(data, fsdp, 
   batch_bytes = rows * t * (4 + 4 + 4) + rows * 4
   scalars = args - (p.params + p.optimizer + batch_bytes)
   assert 0 <= scalars <= 64, (args, p.params, p.optimizer, batch_bytes)  # step, Adam's count, the key
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_activation_count_equals_the_residuals_autodiff_saves(remat):
+  """The plan's activations are what JAX's autodiff saves between the forward and the backward pass of the
+  update's log-probs with the fused splash kernel (interpret mode on CPU), in float32, element for element:
+  every saved float array that has a token dimension (weights and their transposes excluded)."""
+  import numpy as np
+  from jax._src.ad_checkpoint import saved_residuals
+  import jax.numpy as jnp
+
+  from agentrl_jax.models.qwen import Qwen
+  from agentrl_jax.rl import update as update_lib
+
+  t = 256
+  cfg = ModelConfig.tiny_qwen3(hidden_size=96, intermediate_size=160, num_layers=3, num_heads=6, num_kv_heads=2,
+                               head_dim=16, vocab_size=512, remat=remat, attention_impl="splash",
+                               attention_interpret=True)
+  graphdef, params = nnx.split(Qwen(cfg, rngs=nnx.Rngs(0)))
+  tokens = jnp.zeros((1, t), jnp.int32)
+  loss = lambda p: jnp.sum(update_lib.token_logprobs(graphdef, p, {"tokens": tokens}, logits_chunk_size=128)[0])
+  saved = sum(int(np.prod(aval.shape)) * aval.dtype.itemsize for aval, desc in saved_residuals(loss, params)
+              if "from the argument" not in desc and jnp.issubdtype(aval.dtype, jnp.floating) and t in aval.shape)
+  assert saved == memory_plan.residual_bytes(cfg, t, remat=remat)
