@@ -69,6 +69,13 @@ def allgather_objects(obj: T) -> list[T]:
   return [pickle.loads(gathered[i, :sizes[i]].tobytes()) for i in range(len(sizes))]
 
 
+def open_primary(path: str, mode: str = "w"):
+  """`open(path, mode)` on process 0; elsewhere the same calls write to os.devnull (one writer per file)."""
+  import os
+
+  return open(path if is_primary() else os.devnull, mode)
+
+
 def barrier(name: str) -> None:
   """Waits until every process reaches the barrier `name` (no-op with one process)."""
   if jax.process_count() > 1:

@@ -51,6 +51,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from agentrl_jax import multihost
 from agentrl_jax.data import records as rec
 from agentrl_jax.data.records import PromptRecord
 from agentrl_jax.data.writers import CollectResult, output_path, sft_row, write_parquet, write_sft_parquet  # noqa: F401
@@ -396,8 +397,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, keep_episodes: bool 
   rows, kept_episodes = [], []
   counts: collections.Counter = collections.Counter()
   generated_tokens = 0
-  with job, open(os.path.join(workdir, "collect_report.jsonl"), "w") as report_f, \
-      open(os.path.join(workdir, "trajectories.jsonl"), "w") as rows_f:
+  with job, multihost.open_primary(os.path.join(workdir, "collect_report.jsonl")) as report_f, \
+      multihost.open_primary(os.path.join(workdir, "trajectories.jsonl")) as rows_f:
     for b, start in enumerate(range(0, len(prompts.styled), cfg.prompts_per_batch)):
       rendered = job.engine.render(prompts.styled[start:start + cfg.prompts_per_batch])
       for index, reason in rendered.skipped:
@@ -424,7 +425,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, keep_episodes: bool 
       log.info("collect: batch %d: %d episodes, %d kept (%d so far)", b + 1, len(episodes), len(got.rows), len(rows))
 
   # ---------------------------------------------------------------------------------------------- outputs
-  if rows:
+  if rows and multihost.is_primary():
     write_sft_parquet(out_path, rows)
   else:
     log.warning("collect: no episode was kept; %s not written (see collect_report.jsonl)", out_path)
@@ -439,7 +440,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, keep_episodes: bool 
       "generated_tokens": generated_tokens, "wall_s": time.perf_counter() - t_start,
       "output": out_path if rows else "", "malformed_prompt_rows": prompts.num_skipped,
   }
-  with open(os.path.join(workdir, "collect_summary.json"), "w") as f:
+  with multihost.open_primary(os.path.join(workdir, "collect_summary.json")) as f:
     json.dump(summary, f, indent=2, sort_keys=True)
   log.info("collect: kept %d of %d episodes from %d of %d prompts -> %s", len(rows), summary["episodes"],
            kept_prompts, len(prompts.styled), summary["output"] or "(nothing written)")

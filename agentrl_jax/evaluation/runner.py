@@ -19,7 +19,7 @@ from flax import nnx
 import jax
 import ml_collections
 
-from agentrl_jax import data, metrics_writer, rewards
+from agentrl_jax import data, metrics_writer, multihost, rewards
 from agentrl_jax.data.records import PromptRecord
 from agentrl_jax.evaluation import metrics as metrics_lib
 from agentrl_jax.rl import batch as batch_lib
@@ -106,18 +106,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     sources = recipe.eval_sources(config.eval_root)
   if not sources:
     raise ValueError("config.eval.sources is empty and config.eval_root is not set: nothing to evaluate")
-  records = load_sources(sources, config.data.data_dir or os.path.join(workdir, "tfds"),
-                         jobs.prompt_style(config.get("prompt_style")))
+  records = multihost.primary_first("eval_data", lambda: load_sources(
+      sources, config.data.data_dir or os.path.join(workdir, "tfds"), jobs.prompt_style(config.get("prompt_style"))))
   log.info("eval: %d problems x %d samples", len(records), ev.n)
   with jobs.sampling_job(config, temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k) as job:
     metrics, rows = evaluate(job.engine, job.params, records, n=ev.n, key=job.sample_key,
                              reward_cfg=jobs.reward_config(config.reward), ks=ev.ks)
-  with open(os.path.join(workdir, "eval_rollouts.jsonl"), "w") as f:
+  with multihost.open_primary(os.path.join(workdir, "eval_rollouts.jsonl")) as f:
     for row in rows:
       f.write(json.dumps(row) + "\n")
-  with open(os.path.join(workdir, "eval_metrics.json"), "w") as f:
+  with multihost.open_primary(os.path.join(workdir, "eval_metrics.json")) as f:
     json.dump(metrics, f, indent=2, sort_keys=True)
-  for name in sorted(metrics) if ev.get("print_metrics", True) else ():  # a pipeline prints its own report
+  for name in sorted(metrics) if ev.get("print_metrics", True) and multihost.is_primary() else ():  # a pipeline prints its own report
     if "@" in name or name.endswith(("tool_calls_mean", "tool_success_rate", "response_tokens_mean")):
       print(f"{name:40s} {metrics[name]:.4f}")
   return metrics

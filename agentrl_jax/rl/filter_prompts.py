@@ -32,7 +32,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from agentrl_jax import metrics_writer
+from agentrl_jax import metrics_writer, multihost
 from agentrl_jax.data.records import PromptRecord
 
 log = logging.getLogger(__name__)
@@ -238,7 +238,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   # ---------------------------------------------------------------------------------------------- loop
   rows, entries = [], []
   by_index = {r.index: r for r in prompts.raw}
-  with job, bar, open(report_path, "w") as report_f:
+  with job, bar, multihost.open_primary(report_path) as report_f:
     for entry in estimate(prompts.raw, prompts.styled, sample, band=band, prompts_per_batch=cfg.prompts_per_batch):
       report_f.write(json.dumps(entry) + "\n")
       report_f.flush()
@@ -247,7 +247,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         rows.append(rl_row(by_index[entry["index"]], entry["pass_rate"], entry["k"]))
 
   # ---------------------------------------------------------------------------------------------- outputs
-  if rows:
+  if rows and multihost.is_primary():
     writers.write_parquet(out_path, rows, nested=("prompt", "reward_model", "extra_info"))
   else:
     log.warning("filter: no prompt has a pass rate in %s; %s not written (see %s)", band, out_path, report_path)
@@ -258,7 +258,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
              "all_correct": sum(r == 1.0 for r in rates), "all_wrong": sum(r == 0.0 for r in rates),
              "pass_rate_histogram": dict(sorted(histogram.items())), "output": out_path if rows else "",
              "malformed_prompt_rows": prompts.num_skipped, "wall_s": time.perf_counter() - t_start}
-  with open(os.path.join(workdir, "filter_summary.json"), "w") as f:
+  with multihost.open_primary(os.path.join(workdir, "filter_summary.json")) as f:
     json.dump(summary, f, indent=2, sort_keys=True)
   log.info("filter: kept %d of %d prompts (pass rate in %s; %d always right, %d always wrong, %d not estimated) "
            "-> %s", len(rows), len(entries), band, summary["all_correct"], summary["all_wrong"], summary["skipped"],

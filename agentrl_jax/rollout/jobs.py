@@ -21,7 +21,7 @@ from flax import nnx
 import jax
 import ml_collections
 
-from agentrl_jax import data, rewards
+from agentrl_jax import data, multihost, rewards
 from agentrl_jax.data.records import PromptRecord
 from agentrl_jax.models import loading
 from agentrl_jax.models import sharding as sharding_lib
@@ -162,10 +162,11 @@ def load_prompts(config: ml_collections.ConfigDict, workdir: str, *, limit: int 
     limit: the first `limit` records only (0 = all).
     path: read this file (in `data.train_schema`) instead of `prompt_file(config, workdir)`.
   """
-  path = path or prompt_file(config, workdir)
-  prepared = data.prepare(data.SourceConfig(
+  # Several processes: process 0 builds the files in the workdir, then every process opens them.
+  path = path or multihost.primary_first("prompt_file", lambda: prompt_file(config, workdir))
+  prepared = multihost.primary_first("prompts", lambda: data.prepare(data.SourceConfig(
       path=path, schema=config.data.train_schema, data_dir=config.data.data_dir or os.path.join(workdir, "tfds"),
-      skip_malformed=config.data.skip_malformed))
+      skip_malformed=config.data.skip_malformed)))
   raw = data.all_prompt_records(prepared.data_source, None, limit=limit or None)
   style = prompt_style(config.get("prompt_style"))
   styled = [data.apply_prompt_style(r, style) for r in raw]
