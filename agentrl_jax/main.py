@@ -66,6 +66,14 @@ def main(argv):
   if "://" not in workdir:
     os.makedirs(workdir, exist_ok=True)
   logging.getLogger().setLevel(logging.INFO)
+  if job not in ("pipeline", "ablations") and "://" not in workdir:  # those two set up their own console
+    # The console keeps the project's lines; third-party INFO (Orbax, absl, TFDS) goes to <workdir>/<job>.log.
+    import jax
+
+    from agentrl_jax.pipeline import console
+
+    name = f"{job}.log" if jax.process_index() == 0 else f"{job}.process_{jax.process_index()}.log"
+    console.setup_logging(os.path.join(workdir, name), console_level=logging.INFO)
   importlib.import_module(JOBS[job]).run(config, workdir)
 
 

@@ -18,13 +18,19 @@ import time
 _FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
 
 
-class _ProjectWarnings(logging.Filter):
+class _ProjectRecords(logging.Filter):
+  def __init__(self, level: int):
+    super().__init__()
+    self.level = level
+
   def filter(self, record: logging.LogRecord) -> bool:
-    return record.name.startswith("agentrl_jax") and record.levelno >= logging.WARNING
+    return record.name.startswith("agentrl_jax") and record.levelno >= self.level
 
 
-def setup_logging(log_path: str) -> logging.Handler:
-  """Routes all logging to `log_path` and the project's warnings to stderr; returns the file handler."""
+def setup_logging(log_path: str, console_level: int = logging.WARNING) -> logging.Handler:
+  """Routes all logging to `log_path` and the project's records from `console_level` up to stderr (warnings for
+  the pipeline, whose stages print their own lines; INFO for the standalone jobs of `main.py`); third-party
+  records (Orbax, absl, TFDS, backend probing) go to the file only. Returns the file handler."""
   os.makedirs(os.path.dirname(log_path), exist_ok=True)
   try:  # absl (imported by JAX, Orbax, TFDS) installs its own stderr handler on the root logger
     from absl import logging as absl_logging
@@ -40,7 +46,7 @@ def setup_logging(log_path: str) -> logging.Handler:
   file_handler.setFormatter(logging.Formatter(_FORMAT))
   console = logging.StreamHandler(sys.stderr)
   console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-  console.addFilter(_ProjectWarnings())
+  console.addFilter(_ProjectRecords(console_level))
   root.addHandler(file_handler)
   root.addHandler(console)
   root.setLevel(logging.INFO)
