@@ -393,6 +393,10 @@ class LocalExecutor(PoolExecutor):
     """Starts the worker pool with a trivial program; returns why worker mode is unavailable, or None."""
     if self._plan.mode != "bwrap-root":
       return f"worker mode needs root and bubblewrap (the sandbox runs in {self._plan.mode} mode here)"
+    hidden = [r for r in _python_roots(self._plan.python) if r == WORKDIR or r.startswith((WORKDIR + "/", "/dev/shm/"))]
+    if hidden:  # a worker mounts each program's private /tmp over them (per-call sandboxes bind them on top)
+      return (f"the sandbox interpreter lives under {WORKDIR} ({hidden[0]}), which each program's private "
+              f"{WORKDIR} would hide")
     workers = sandbox_worker.WorkerPool(self._plan.worker_prefix, self._plan.python, self.cfg, self.cfg.concurrency)
     probe_cfg = dataclasses.replace(self.cfg, timeout_s=max(self.cfg.timeout_s, 30.0),
                                     memory_mb=max(self.cfg.memory_mb, 256))

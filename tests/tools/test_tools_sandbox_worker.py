@@ -220,6 +220,20 @@ def test_not_root_means_per_call(monkeypatch, caplog):
   assert "worker mode needs root" in caplog.text
 
 
+def test_an_interpreter_under_tmp_means_per_call(monkeypatch, caplog, tmp_path):
+  """A checkout (and its virtualenv) under /tmp: each worker program's private /tmp would hide the interpreter,
+  so the executor runs one sandbox per call, which binds the interpreter over its private /tmp."""
+  venv = tmp_path / ".venv"
+  venv.mkdir()
+  assert str(venv).startswith("/tmp/")
+  real = sandbox._python_roots
+  monkeypatch.setattr(sandbox, "_python_roots", lambda python: [*real(python), str(venv)])
+  with caplog.at_level(logging.INFO, logger="agentrl_jax.tools.sandbox"):
+    with sandbox.LocalExecutor(ToolConfig(**CFG, max_concurrency=1)) as executor:
+      assert executor.local_mode == "per_call" and executor.run("print(8)").stdout == "8\n"
+  assert f"lives under /tmp ({venv})" in caplog.text
+
+
 def test_per_call_mode_is_selectable_and_worker_is_the_default():
   assert ToolConfig().local_mode == "worker"
   with executors.make_executor(ToolConfig(**CFG, max_concurrency=1, local_mode="per_call")) as executor:
