@@ -194,7 +194,13 @@ def test_two_slots_run_concurrently_and_close_leaves_no_process():
   executor.close()  # idempotent
 
 
+def _interpreter_under_tmp() -> bool:
+  return any(r.startswith("/tmp/") for r in sandbox._python_roots(sys.executable))
+
+
 def test_falls_back_to_per_call_with_one_log_line(monkeypatch, caplog, tmp_path):
+  if _interpreter_under_tmp():
+    pytest.skip("this checkout lives under /tmp: worker mode is off for that reason before any zygote starts")
   broken = tmp_path / "zygote.py"
   broken.write_text("import sys\nprint('zygote exploded', file=sys.stderr)\nsys.exit(3)\n")
   monkeypatch.setattr(sandbox_worker, "_ZYGOTE", str(broken))
@@ -231,7 +237,9 @@ def test_an_interpreter_under_tmp_means_per_call(monkeypatch, caplog, tmp_path):
   with caplog.at_level(logging.INFO, logger="agentrl_jax.tools.sandbox"):
     with sandbox.LocalExecutor(ToolConfig(**CFG, max_concurrency=1)) as executor:
       assert executor.local_mode == "per_call" and executor.run("print(8)").stdout == "8\n"
-  assert f"lives under /tmp ({venv})" in caplog.text
+  # Names the first hidden root: ours, or this checkout's own virtualenv when it lives under /tmp too.
+  assert f"lives under /tmp ({venv})" in caplog.text or _interpreter_under_tmp()
+  assert "lives under /tmp (" in caplog.text
 
 
 def test_per_call_mode_is_selectable_and_worker_is_the_default():
