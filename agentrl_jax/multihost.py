@@ -4,9 +4,9 @@ The house rule: every process reads the same global batch from the deterministic
 small next to the device work), so host-side decisions that must agree (packing, skipped rows, which groups are
 kept) are computed identically everywhere; each process then builds only the shards of its own devices
 (`to_global`). What one process alone computes (its share of the rollouts) is gathered before it is used
-(`allgather_objects`). Writing files that are not Orbax checkpoints is process 0's job (`is_primary`), after
-a barrier where the others read what it wrote (`once`). With one process every function is the plain
-single-host operation.
+(`allgather_objects`). Writing files that are not Orbax checkpoints is process 0's job (`is_primary`,
+`open_primary`); what it writes for the others to read is followed by a barrier (`once`, `primary_first`).
+With one process every function is the plain single-host operation.
 """
 
 from __future__ import annotations
@@ -93,6 +93,5 @@ def once(name: str, fn: Callable[[], T]) -> T | None:
 def primary_first(name: str, fn: Callable[[], T]) -> T:
   """Runs `fn` on process 0, then (after a barrier) on the others: for idempotent steps that build a shared
   artefact on first use (a TFDS dataset in the workdir) and open it on every process."""
-  out = fn() if is_primary() else None
-  barrier(name)
+  out = once(name, fn)
   return out if is_primary() else fn()

@@ -23,7 +23,6 @@ import sys
 import time
 
 
-
 def _backend() -> dict:
   """The backend and devices this worker runs on (the parent passes its own JAX_PLATFORMS)."""
   import jax

@@ -143,26 +143,27 @@ def activation_bytes(cfg: ModelConfig, tokens: int, tensor: int, *, remat: bool,
   `logits_chunk`-token chunk and their gradient (transient). Counted at the compute dtype's size; a bf16 run
   also keeps its norms' float32 inputs (at most 2 hidden-width arrays per layer more).
   """
+  logits = 2 * min(tokens, logits_chunk) * -(-cfg.vocab_size // tensor) * 4
+  recomputed = _layer_residuals(cfg, tokens, tensor) if remat else 0
+  return residual_bytes(cfg, tokens, remat=remat, tensor=tensor) + recomputed + logits
+
+
+def _layer_residuals(cfg: ModelConfig, tokens: int, tensor: int) -> int:
+  """Bytes one decoder layer saves for its backward pass without remat (see `activation_bytes`)."""
   b = _itemsize(cfg.dtype)
   d, f = cfg.hidden_size, -(-cfg.intermediate_size // tensor)
   n, k = -(-cfg.num_heads // tensor), -(-cfg.num_kv_heads // tensor)
   qo, kv = n * cfg.head_dim, k * cfg.head_dim
-  per_layer = tokens * b * (6 * d + 6 * f + 5 * qo + 4 * kv) + tokens * 4 * (3 * n + 2 * k + 4)
-  final = tokens * b * 3 * d + tokens * 4 * 2 + tokens * b * 2 * cfg.head_dim  # final norm; RoPE cos and sin
-  layers = cfg.num_layers * tokens * d * b + per_layer if remat else cfg.num_layers * per_layer
-  vocab = -(-cfg.vocab_size // tensor)
-  logits = 2 * min(tokens, logits_chunk) * vocab * 4
-  return layers + final + logits
+  return tokens * b * (6 * d + 6 * f + 5 * qo + 4 * kv) + tokens * 4 * (3 * n + 2 * k + 4)
 
 
-def residual_bytes(cfg: ModelConfig, tokens: int, *, remat: bool) -> int:
+def residual_bytes(cfg: ModelConfig, tokens: int, *, remat: bool, tensor: int = 1) -> int:
   """`activation_bytes` without its transient parts (the loss chunk's logits; with remat, the recomputed
   layer): what stays saved between the forward and the backward pass, as `saved_residuals` reports it."""
-  full = activation_bytes(cfg, tokens, 1, remat=remat, logits_chunk=1)
   b = _itemsize(cfg.dtype)
-  d, f, qo, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-  recomputed = tokens * b * (6 * d + 6 * f + 5 * qo + 4 * kv) + tokens * 4 * (3 * cfg.num_heads + 2 * cfg.num_kv_heads + 4)
-  return full - 2 * cfg.vocab_size * 4 - (recomputed if remat else 0)
+  per_layer = tokens * cfg.hidden_size * b if remat else _layer_residuals(cfg, tokens, tensor)
+  final = tokens * b * 3 * cfg.hidden_size + tokens * 4 * 2 + tokens * b * 2 * cfg.head_dim  # final norm; RoPE
+  return cfg.num_layers * per_layer + final
 
 
 def plan(cfg: ModelConfig, *, chips: int, hbm: int, seq: int, rows: int, data: int = 1, tensor: int = 1,
@@ -194,7 +195,8 @@ def format_plan(name: str, slice_name: str, p: Plan, *, seq: int, rows: int) -> 
   lines += [f"| {'train step (remat)':<24} | {p.train_total / GIB:>8.2f} |",
             f"| {'rollout (+ moments)':<24} | {p.rollout_total / GIB:>8.2f} |",
             f"| {'HBM per chip':<24} | {p.hbm / GIB:>8.2f} |",
-            f"rollout rows of {seq} tokens that fit in {USABLE_HBM:.0%} of HBM next to params and moments: {p.rollout_rows_fit}"]
+            f"rollout rows of {seq} tokens that fit in {USABLE_HBM:.0%} of HBM next to params and moments: "
+            f"{p.rollout_rows_fit}"]
   return "\n".join(lines)
 
 

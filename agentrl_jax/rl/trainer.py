@@ -11,11 +11,11 @@ The sampler reads the trainer's params directly (on `sampler_mesh`, its own layo
 set: a device-to-device reshard per rollout); there is no weight sync. Several processes (one per host): the
 rollout is one SPMD program whose rows live on their hosts' devices, each host runs its own rows' tool calls
 and scores a share of the episodes, and the results are gathered so that every host makes the same decisions
-(which groups are kept, the update batch); process 0 writes metrics and samples (agentrl_jax/multihost.py). A run killed at any point resumes
-from its latest checkpoint with the same config and workdir: the checkpoint holds the train state, the grain
-iterator position, the PRNG key and the counters. With `rollout.overlap_tools=False` (the default) and
-deterministic tool outputs, every step is a deterministic function of those, so the resumed run reaches the
-same params bit for bit. (With overlap, when each row resumes depends on tool timing, and so do the draws.)
+(which groups are kept, the update batch); process 0 writes metrics and samples (agentrl_jax/multihost.py).
+A run killed at any point resumes from its latest checkpoint with the same config and workdir: the checkpoint
+holds the train state, the grain iterator position, the PRNG key and the counters. With
+`rollout.overlap_tools=False` (the default) and deterministic tool outputs, every step is a deterministic
+function of those, so the resumed run reaches the same params bit for bit. (With overlap, when each row resumes depends on tool timing, and so do the draws.)
 """
 
 from __future__ import annotations

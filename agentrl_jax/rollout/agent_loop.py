@@ -153,6 +153,14 @@ def _check_prompts(prompts, n, cfg: RolloutConfig, scripts, sampler: Sampler):
       raise ValueError(f"run_rollout: a script turn has {longest} tokens > the sampler's n_forced {sampler.n_forced}")
 
 
+def _future_result(fut: concurrent.futures.Future) -> ExecResult:
+  """A finished call's result; an executor future that raised becomes a sandbox error (never raises)."""
+  try:
+    return fut.result()
+  except Exception as e:  # pylint: disable=broad-except
+    return ExecResult("sandbox_error", stderr=f"[sandbox] executor failed: {type(e).__name__}: {e}")
+
+
 def _result_text(result: ExecResult | None, max_chars: int) -> tuple[str, str, float]:
   """(status, text the model reads, wall seconds) of one execution."""
   if result is None:
@@ -356,11 +364,7 @@ def run_rollout(
       turn = r.turns[-1]
       for info, fut in r.calls:
         if fut is not None:
-          try:
-            res = fut.result()
-          except Exception as e:  # pylint: disable=broad-except
-            res = ExecResult("sandbox_error", stderr=f"[sandbox] executor failed: {type(e).__name__}: {e}")
-          info.status, info.output, info.wall_s = _result_text(res, cfg.max_tool_output_chars)
+          info.status, info.output, info.wall_s = _result_text(_future_result(fut), cfg.max_tool_output_chars)
         if info.failed:
           r.n_failed += 1
         contents.append(info.output)
@@ -432,10 +436,7 @@ def run_rollout(
       if owner(slot) == me:
         for j, (_, fut) in enumerate(rows[slot].calls):
           if fut is not None:
-            try:
-              mine[(slot, j)] = fut.result()
-            except Exception as e:  # pylint: disable=broad-except
-              mine[(slot, j)] = ExecResult("sandbox_error", stderr=f"[sandbox] executor failed: {type(e).__name__}: {e}")
+            mine[(slot, j)] = _future_result(fut)
     for part in multihost.allgather_objects(mine):
       for (slot, j), res in part.items():
         fut = rows[slot].calls[j][1]
