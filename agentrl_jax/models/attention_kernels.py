@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-IMPLEMENTATIONS = ("xla", "splash", "cudnn")
 _BACKENDS = {"splash": ("tpu",), "cudnn": ("gpu",)}
 
 

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 
 _ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# Attention kernels of training, scoring and prefill (models/attention_kernels.py).
+ATTENTION_IMPLS = ("xla", "splash", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,8 +88,8 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.head_dim: RoPE needs an even head_dim, got {self.head_dim}")
     if not isinstance(self.attention_block, int) or self.attention_block < 0:
       raise ValueError(f"ModelConfig.attention_block: must be an int >= 0, got {self.attention_block!r}")
-    if self.attention_impl not in ("xla", "splash", "cudnn"):
-      raise ValueError(f"ModelConfig.attention_impl: expected 'xla', 'splash' or 'cudnn', got {self.attention_impl!r}")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"ModelConfig.attention_impl: expected one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
     if self.rope_theta <= 0:
       raise ValueError(f"ModelConfig.rope_theta: must be > 0, got {self.rope_theta}")
     if not 0 < self.rms_norm_eps < 1:
