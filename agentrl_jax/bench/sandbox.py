@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> dict:
                                                          max_concurrency=args.concurrency, local_mode=mode))
       start_s[mode] = time.perf_counter() - t
       if executors[mode].local_mode != mode:
-        raise SystemExit(f"bench.sandbox: {mode} mode is not available here (worker mode needs root)")
+        raise SystemExit(f"bench.sandbox: {mode} mode is not available here: {executors[mode].worker_unavailable}")
       # Warm-up: start every slot (a worker per slot) and page in the interpreter.
       executors[mode].run_batch([f"import time; time.sleep(0.2); {CODE}"] * args.concurrency + [CODE] * 4)
     serial = {m: [] for m in MODES}

@@ -362,7 +362,7 @@ class LocalExecutor(PoolExecutor):
 
   `cfg.local_mode='worker'` (default): one worker sandbox per slot forks each program (sandbox_worker.py); when
   that is not possible here (not root, or a worker does not start), it logs why and runs per call instead.
-  `local_mode` says which is in use: 'worker' or 'per_call'.
+  `local_mode` says which is in use: 'worker' or 'per_call'; `worker_unavailable` why worker mode is off.
   """
 
   def __init__(self, cfg: ToolConfig):
@@ -375,8 +375,10 @@ class LocalExecutor(PoolExecutor):
     self.cfg, self.mode, self._plan = cfg, plan.mode, plan
     self._workers: sandbox_worker.WorkerPool | None = None
     self._warned_worker = False
+    # Why worker mode is off when it was asked for (None when it runs, or when per-call mode was asked for).
+    self.worker_unavailable: str | None = None
     if cfg.local_mode == "worker":
-      why = self._start_workers()
+      why = self.worker_unavailable = self._start_workers()
       if why is not None:  # info when expected (not root), a warning when a worker failed
         logger.log(logging.INFO if self._plan.mode != "bwrap-root" else logging.WARNING,
                    "local code executor: %s; running one sandbox per call instead", why)
