@@ -10,6 +10,8 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
+from agentrl_jax import compile_stats
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:arg]).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and samples.")
@@ -74,7 +76,16 @@ def main(argv):
 
     name = f"{job}.log" if jax.process_index() == 0 else f"{job}.process_{jax.process_index()}.log"
     console.setup_logging(os.path.join(workdir, name), console_level=logging.INFO)
-  importlib.import_module(JOBS[job]).run(config, workdir)
+    # Jobs reuse compiled programs across restarts and reruns: the config's cache, else JAX_COMPILATION_CACHE_DIR,
+    # else <workdir>/jax_cache.
+    compile_stats.enable_compilation_cache(config.get("compile_cache_dir") or os.environ.get(
+        "JAX_COMPILATION_CACHE_DIR") or os.path.join(workdir, "jax_cache"))
+  with compile_stats.measured() as m:
+    importlib.import_module(JOBS[job]).run(config, workdir)
+  c = m["compile"]
+  logging.getLogger("agentrl_jax.main").info(
+      "job %s: %.1f s, of which compiling %.1f s (%d programs, %d from the persistent cache)", job, m["wall_s"],
+      c.compile_s, c.programs, c.cache_hits)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,11 @@ Fields: *_episodes_s = episodes / seconds (median over rounds, interleaved); our
 faster of the two measured here: pause); speedup = median per-round ratio reprefill / ours seconds;
 prefilled_tokens = non-model tokens our loop ran through the model (stats.prefilled_tokens)
 and expected_prefill_tokens = distinct prompt tokens + tool-response tokens; reprefill_prefilled_tokens for
-comparison; *_padded_* count the tokens computed including bucket padding.
+comparison; *_padded_* count the tokens computed including bucket padding. compile_s / compiled_programs: what
+the default loop's warm-up round spent tracing, lowering and compiling (JAX's compile events) and the programs it
+built (overlap_* / reprefill_*: the same for the others, after the default loop's programs exist);
+compile_frac_of_round = compile_s / the median timed round of the default loop; warmup_s: each warm-up round's
+wall seconds (compile + run).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl_jax import testing
+from agentrl_jax import compile_stats, testing
 from agentrl_jax.bench import common
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models.config import ModelConfig
@@ -203,11 +207,22 @@ def run(args) -> dict:
          "tool_turns": args.tool_turns, "tool_latency_s": args.tool_latency, "batch": batch,
          "segment_len": args.segment_len, "min_tool_stops": args.min_tool_stops}
   common.log(f"[bench.rollout] warm-up (compiles) on {args.size}, {episodes} episodes")
-  t0 = time.perf_counter()
-  eps, st = ours(default, 0)
-  ours("overlap" if default == "pause" else "pause", 0)
-  ref, rst = reprefill(0)
-  out["compile_s"] = time.perf_counter() - t0
+  # Warm-up: one round of each loop; JAX's compile events say what of it was compiling (tracing, lowering and
+  # XLA compilation) and how many programs each loop built.
+  warm = {}
+  with compile_stats.measured() as warm[default]:
+    eps, st = ours(default, 0)
+  other = "overlap" if default == "pause" else "pause"
+  with compile_stats.measured() as warm[other]:
+    ours(other, 0)
+  with compile_stats.measured() as warm["reprefill"]:
+    ref, rst = reprefill(0)
+  out["compile_s"] = warm[default]["compile"].compile_s
+  out["compiled_programs"] = warm[default]["compile"].programs
+  for name in (other, "reprefill"):
+    out[f"{name}_compile_s"] = warm[name]["compile"].compile_s
+    out[f"{name}_compiled_programs"] = warm[name]["compile"].programs
+  out["warmup_s"] = {k: round(v["wall_s"], 3) for k, v in warm.items()}
   ours_resp = [e.response_ids.tolist() for e in eps]
   out["transcripts_match"] = ours_resp == ref
   out["num_tool_calls"] = int(sum(e.num_tool_calls for e in eps))
@@ -252,6 +267,7 @@ def run(args) -> dict:
   out["overlap_episodes_s"] = med(eps_s(times["overlap"]))
   ratios = [p / o for p, o in zip(times["reprefill"], times[default])]
   out["speedup"] = med(ratios)
+  out["compile_frac_of_round"] = out["compile_s"] / med(times[default])
   out["speedup_min"], out["speedup_max"] = min(ratios), max(ratios)
   out["overlap_vs_pause"] = med([p / o for p, o in zip(times["pause"], times["overlap"])])
   for name in ("pause", "overlap"):

@@ -9,9 +9,16 @@
   over the batch and kv-head axes, as the kernel is not partitionable by GSPMD). `attention_interpret=True`
   runs it in Pallas interpret mode, so the CPU tests check it against `xla`.
 * `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")`, cuDNN's flash attention on NVIDIA GPUs.
+* `ragged_paged`: splash as above without a cache, and every pass over the KV cache (decode, extend after a
+  tool call, prefill) through the TPU ragged paged attention kernel
+  (`jax.experimental.pallas.ops.tpu.ragged_paged_attention`) over a `PagedKVCache`: each row's queries read the
+  pages its own length covers, so a short row does not pay for the batch's capacity, and rows of different
+  chunk lengths share one call (queries packed back to back, `cu_q_lens`). JAX's Pallas TPU interpreter cannot
+  run this kernel (it reshapes refs), so `attention_interpret=True` substitutes `paged_attention_reference`,
+  the same contract in XLA, tested against JAX's own reference; the kernel itself has a TPU lowering test.
 
 A kernel chosen on a backend that cannot run it fails at trace time with the reason, never silently falls
-back. Decode over the KV cache keeps the `xla` path on every backend (its queries are one token per row).
+back. With the other choices, passes over the KV cache use the `xla` path.
 """
 
 from __future__ import annotations
@@ -22,15 +29,23 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-_BACKENDS = {"splash": ("tpu",), "cudnn": ("gpu",)}
+_BACKENDS = {"splash": ("tpu",), "cudnn": ("gpu",), "ragged_paged": ("tpu",)}
+_INTERPRETABLE = ("splash", "ragged_paged")
+
+
+def target_platform() -> str:
+  """The platform being compiled for: the abstract mesh's device when it names one (lowering for a TPU from
+  another host: the lowering tests), else this process's backend."""
+  device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+  return device.platform if device is not None else jax.default_backend()
 
 
 def check_backend(impl: str, interpret: bool = False) -> None:
-  """Raises ValueError when `impl` cannot run on this process's backend (interpret mode runs anywhere)."""
-  backend = jax.default_backend()
-  if impl in _BACKENDS and backend not in _BACKENDS[impl] and not (interpret and impl == "splash"):
+  """Raises ValueError when `impl` cannot run on the target platform (interpret mode runs anywhere)."""
+  backend = target_platform()
+  if impl in _BACKENDS and backend not in _BACKENDS[impl] and not (interpret and impl in _INTERPRETABLE):
     hint = " (or attention_interpret=True to run the Pallas kernel in interpret mode, for tests)" \
-        if impl == "splash" else ""
+        if impl in _INTERPRETABLE else ""
     raise ValueError(f"ModelConfig.attention_impl={impl!r} runs on {'/'.join(_BACKENDS[impl])}, and this "
                      f"process's backend is {backend!r}: use attention_impl='xla'{hint}")
 
@@ -99,3 +114,101 @@ def cudnn_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], v
   q = qg.reshape(b, t, nk * g, h)
   out = jax.nn.dot_product_attention(q, k, v, mask=mask_bts[:, None], scale=scale, implementation=implementation)
   return out.reshape(b, t, nk, g, h)
+
+
+# ------------------------------------------------------------------------------------------------ ragged paged
+def _pack(x: Float[Array, "B T ..."], cu: Int[Array, "B+1"]) -> Float[Array, "BT ..."]:
+  """Rows' first `cu[b+1] - cu[b]` entries of `x`, back to back (the kernel's ragged query layout); zeros after."""
+  b, t = x.shape[:2]
+  j = jnp.arange(b * t, dtype=jnp.int32)
+  row = jnp.clip(jnp.searchsorted(cu, j, side="right") - 1, 0, b - 1)
+  col = jnp.clip(j - cu[row], 0, t - 1)
+  return jnp.where((j < cu[b]).reshape((-1,) + (1,) * (x.ndim - 2)), x[row, col], 0)
+
+
+def _unpack(y: Float[Array, "BT ..."], cu: Int[Array, "B+1"], t: int) -> Float[Array, "B T ..."]:
+  """Inverse of `_pack`: entry (b, i) from `y[cu[b] + i]` for i < its row's length, zeros after."""
+  b = cu.shape[0] - 1
+  i = jnp.arange(t, dtype=jnp.int32)
+  src = jnp.clip(cu[:-1, None] + i[None, :], 0, y.shape[0] - 1)
+  keep = (i[None, :] < (cu[1:] - cu[:-1])[:, None]).reshape((b, t) + (1,) * (y.ndim - 1))
+  return jnp.where(keep, y[src], 0)
+
+
+def paged_attention_reference(q: Float[Array, "Q N H"], kv_pages: Float[Array, "P S 2K H"],
+                              kv_lens: Int[Array, "B"], page_indices: Int[Array, "B Pr"], cu_q_lens: Int[Array, "B+1"],
+                              num_seqs: Int[Array, "1"], *, sm_scale: float, max_q_len: int | None = None
+                              ) -> Float[Array, "Q N H"]:
+  """The ragged paged attention kernel's contract in XLA (jittable): sequence s's queries
+  `q[cu_q_lens[s]:cu_q_lens[s+1]]` are its last tokens and attend causally over the first `kv_lens[s]` slots of
+  its pages `page_indices[s]`; keys at even, values at odd combined heads. Query rows past `cu_q_lens[num_seqs]`
+  are zero. Dense over each row's pages (it is the CPU stand-in, not a fast path); `max_q_len` bounds a
+  sequence's queries (default: all of them)."""
+  nq, n, h = q.shape
+  b, pages = page_indices.shape
+  _, page, ck, _ = kv_pages.shape
+  nk = ck // 2
+  kv = kv_pages[page_indices].reshape(b, pages * page, ck, h)  # [B, S, 2K, H]
+  k, v = kv[:, :, 0::2], kv[:, :, 1::2]
+  t = max_q_len or nq
+  cu_q_lens = jnp.where(jnp.arange(b + 1) <= num_seqs[0], cu_q_lens, cu_q_lens[num_seqs[0]])  # later rows: none
+  qb = _unpack(q, cu_q_lens, t)  # [B, T, N, H]
+  q_len = cu_q_lens[1:] - cu_q_lens[:-1]
+  pos = (kv_lens - q_len)[:, None] + jnp.arange(t)[None, :]  # [B, T]
+  keep = jnp.arange(pages * page)[None, None, :] <= pos[:, :, None]
+  keep &= (jnp.arange(pages * page)[None, None, :] < kv_lens[:, None, None])
+  qg = qb.reshape(b, t, nk, n // nk, h)
+  scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32) * sm_scale
+  scores = jnp.where(keep[:, None, None], scores, jnp.finfo(jnp.float32).min)
+  out = jnp.einsum("BKGTS,BSKH->BTKGH", jax.nn.softmax(scores, axis=-1).astype(v.dtype), v)
+  out = _pack(out.reshape(b, t, n, h).astype(q.dtype), cu_q_lens)
+  out = out[:nq]  # packed queries fill at most the first nq rows
+  return jnp.pad(out, ((0, nq - out.shape[0]), (0, 0), (0, 0)))
+
+
+def _kernel_block_sizes(pages_per_seq: int, num_q_tokens: int) -> dict:
+  """The kernel's block sizes: JAX's tuned table on a TPU; when lowering for a TPU elsewhere (tests), a fixed
+  choice (the table needs the chip's version)."""
+  if jax.default_backend() == "tpu":  # on the chip itself (not an abstract target)
+    return {}
+  return {"num_kv_pages_per_block": min(pages_per_seq, 8), "num_queries_per_block": min(32, num_q_tokens)}
+
+
+def ragged_paged_attention(qg: Float[Array, "B T K G H"], kv: Float[Array, "B S 2K H"], lengths: Int[Array, "B"],
+                           chunk_lengths: Int[Array, "B"], scale: float, page_size: int, *,
+                           interpret: bool = False) -> Float[Array, "B T K G H"]:
+  """Attention of each row's first `chunk_lengths[b]` queries (its newest tokens, already written at slots
+  `lengths[b] + t` of `kv`) over its `lengths[b] + chunk_lengths[b]` cached tokens, through the ragged paged
+  attention kernel; query positions past a row's chunk come back as zeros."""
+  b, t, nk, g, h = qg.shape
+
+  def local(qg, kv, lengths, chunk_lengths):
+    bl, s = kv.shape[:2]
+    nk_l = kv.shape[2] // 2
+    if not interpret and h % 128:
+      raise ValueError(f"attention_impl='ragged_paged': the kernel needs a head_dim that is a multiple of 128, "
+                       f"got {h}")
+    cu = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(chunk_lengths.astype(jnp.int32))])
+    q = _pack(qg.reshape(bl, t, nk_l * g, h), cu)  # [B*T, N, H]
+    pages = kv.reshape(bl * s // page_size, page_size, 2 * nk_l, h)
+    page_indices = jnp.arange(bl * (s // page_size), dtype=jnp.int32).reshape(bl, s // page_size)
+    args = (q, pages, (lengths + chunk_lengths).astype(jnp.int32), page_indices, cu, jnp.array([bl], jnp.int32))
+    if interpret:
+      out = paged_attention_reference(*args, sm_scale=scale, max_q_len=t)
+    else:
+      from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+
+      out = rpa.ragged_paged_attention(*args, sm_scale=scale, **_kernel_block_sizes(s // page_size, bl * t))
+    return _unpack(out, cu, t).reshape(bl, t, nk_l, g, h)
+
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return local(qg, kv, lengths, chunk_lengths)
+  from agentrl_jax.models import sharding as sharding_lib
+
+  batch = sharding_lib.logical_to_spec(("batch",), (b,), mesh)[0]
+  heads = sharding_lib.logical_to_spec(("act_kv_heads",), (nk,), mesh)[0]
+  return jax.shard_map(local, mesh=mesh,
+                       in_specs=(jax.P(batch, None, heads, None, None), jax.P(batch, None, heads, None),
+                                 jax.P(batch), jax.P(batch)),
+                       out_specs=jax.P(batch, None, heads, None, None), check_vma=False)(qg, kv, lengths, chunk_lengths)

@@ -15,8 +15,9 @@ import jax.numpy as jnp
 
 _ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-# Attention kernels of training, scoring and prefill (models/attention_kernels.py).
-ATTENTION_IMPLS = ("xla", "splash", "cudnn")
+# Attention kernels (models/attention_kernels.py): of training, scoring and prefill; "ragged_paged" adds decode
+# and extend over a paged KV cache.
+ATTENTION_IMPLS = ("xla", "splash", "cudnn", "ragged_paged")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +45,14 @@ class ModelConfig:
     attention_block: query block of causal self-attention without a cache (training, scoring): each block
       skips the keys above the diagonal; 0 = one dense [T, T] block. A compute setting, not part of HF configs.
     attention_impl: kernel of that attention: "xla" (the blocked attention above, any backend), "splash" (TPU
-      splash attention) or "cudnn" (cuDNN flash attention on GPU); see `models/attention_kernels.py`. Decode
-      over the KV cache always uses the XLA path. A compute setting, not part of HF configs.
-    attention_interpret: run the Pallas kernel of "splash" in interpret mode (CPU tests).
+      splash attention), "cudnn" (cuDNN flash attention on GPU) or "ragged_paged" (TPU: splash without a cache,
+      and every pass over the KV cache, decode, extend and prefill, through the ragged paged attention kernel
+      over a `PagedKVCache`); see `models/attention_kernels.py`. Otherwise passes over the cache use the XLA
+      path. A compute setting, not part of HF configs.
+    attention_interpret: run the Pallas kernels in interpret mode (CPU tests): splash in Pallas's interpreter;
+      for "ragged_paged", the XLA statement of that kernel's contract (`paged_attention_reference`), as the
+      interpreter cannot run the kernel itself.
+    kv_page_size: tokens per page of the `PagedKVCache` ("ragged_paged" only).
     bos_token_id, eos_token_id: carried through for HF export.
   """
 
@@ -70,6 +76,7 @@ class ModelConfig:
   attention_block: int = 256
   attention_impl: str = "xla"
   attention_interpret: bool = False
+  kv_page_size: int = 64
   bos_token_id: int | None = 151643
   eos_token_id: int | None = 151645
 
@@ -90,6 +97,8 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.attention_block: must be an int >= 0, got {self.attention_block!r}")
     if self.attention_impl not in ATTENTION_IMPLS:
       raise ValueError(f"ModelConfig.attention_impl: expected one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
+    if not isinstance(self.kv_page_size, int) or self.kv_page_size < 1:
+      raise ValueError(f"ModelConfig.kv_page_size: must be a positive int, got {self.kv_page_size!r}")
     if self.rope_theta <= 0:
       raise ValueError(f"ModelConfig.rope_theta: must be > 0, got {self.rope_theta}")
     if not 0 < self.rms_norm_eps < 1:

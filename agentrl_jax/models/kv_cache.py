@@ -114,3 +114,97 @@ def write_chunk(cache_k: jax.Array, cache_v: jax.Array, new_k: jax.Array, new_v:
     return row_k, row_v
 
   return jax.vmap(one_row)(cache_k, cache_v, new_k, new_v, lengths)
+
+
+# ------------------------------------------------------------------------------------------------ paged layout
+PAGED_AXES = ("cache_batch", "cache_seq", "cache_kv_heads", "cache_head_dim")  # kv [B, S, 2K, H]
+
+
+def _round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
+@flax.struct.dataclass
+class PagedKVCache:
+  """The KV cache as pages of `page_size` tokens, for the ragged paged attention kernel (`attention_impl=
+  "ragged_paged"`, TPU): per layer one array `kv [B, S, 2K, H]` with keys and values interleaved by head
+  (k0, v0, k1, v1, ...), which is the kernel's `kv_pages [B * S / page_size, page_size, 2K, H]` without a copy.
+
+  Row b owns pages `[b * S / page_size, (b + 1) * S / page_size)` (a static page table, `page_indices`), so
+  rows move between slots by copying their pages, as the other layout copies its rows. What the layout buys is
+  the kernel: each row's queries read the pages its own length covers, not the batch's capacity. Capacities are
+  rounded up to whole pages. Same interface as `KVCache` (init, select_rows, put_rows, grow, lengths).
+
+  Attributes:
+    kv: one array per layer, `[B, S, 2K, H]`.
+    lengths: `[B]` int32, valid tokens per row.
+    page_size: tokens per page (static).
+  """
+
+  kv: tuple[jax.Array, ...]
+  lengths: Int[Array, "B"]
+  page_size: int = flax.struct.field(pytree_node=False, default=64)
+
+  @classmethod
+  def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> PagedKVCache:
+    dtype = dtype or cfg.jnp_dtype
+    shape = (batch, _round_up(max_len, cfg.kv_page_size), 2 * cfg.num_kv_heads, cfg.head_dim)
+    return cls(kv=tuple(sharding.shard(jnp.zeros(shape, dtype), PAGED_AXES) for _ in range(cfg.num_layers)),
+               lengths=jnp.zeros((batch,), jnp.int32), page_size=cfg.kv_page_size)
+
+  @property
+  def batch(self) -> int:
+    return self.lengths.shape[0]
+
+  @property
+  def max_len(self) -> int:
+    return self.kv[0].shape[1]
+
+  @property
+  def dtype(self):
+    return self.kv[0].dtype
+
+  def page_indices(self) -> Int[Array, "B P"]:
+    """The page table: row b's pages, in order."""
+    pages = self.max_len // self.page_size
+    return jnp.arange(self.batch * pages, dtype=jnp.int32).reshape(self.batch, pages)
+
+  def select_rows(self, rows: Int[Array, "R"]) -> PagedKVCache:
+    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), self)
+
+  def token_major(self, layer: int) -> tuple[jax.Array, jax.Array]:
+    """Layer `layer`'s keys and values as `[B, S, K, H]` (for tests and inspection; copies)."""
+    return self.kv[layer][:, :, 0::2], self.kv[layer][:, :, 1::2]
+
+  def grow(self, capacity: int) -> PagedKVCache:
+    """Adds empty pages so every row holds at least `capacity` slots."""
+    pad = _round_up(capacity, self.page_size) - self.max_len
+    if pad < 0:
+      raise ValueError(f"PagedKVCache.grow: capacity {capacity} is below the current {self.max_len}")
+    return self.replace(kv=tuple(sharding.shard(jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))), PAGED_AXES)
+                                 for x in self.kv))
+
+  def put_rows(self, rows: Int[Array, "R"], other: PagedKVCache) -> PagedKVCache:
+    """Writes `other`'s R rows into row slots `rows` (index >= B drops the row), as `KVCache.put_rows`."""
+    t = other.max_len
+    put = lambda big, new: sharding.shard(big.at[rows, :t].set(new.astype(big.dtype), mode="drop"), PAGED_AXES)
+    return self.replace(kv=tuple(map(put, self.kv, other.kv)),
+                        lengths=self.lengths.at[rows].set(other.lengths, mode="drop"))
+
+
+def write_chunk_paged(cache_kv: jax.Array, new_k: jax.Array, new_v: jax.Array, lengths: jax.Array) -> jax.Array:
+  """Writes one layer's chunk `new_k, new_v [B, T, K, H]` at slots `lengths[b] + t` of `kv [B, S, 2K, H]`
+  (keys at even, values at odd combined heads); slots past the end are dropped, as in `write_chunk`."""
+  b, t, nk, h = new_k.shape
+  chunk = jnp.stack([new_k, new_v], axis=3).reshape(b, t, 2 * nk, h).astype(cache_kv.dtype)
+
+  def one_row(row, c, start):
+    return row.at[start + jnp.arange(t)].set(c, mode="drop")
+
+  return jax.vmap(one_row)(cache_kv, chunk, lengths)
+
+
+def make_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache | PagedKVCache:
+  """The cache layout the model's attention reads: paged for `attention_impl="ragged_paged"`, else `KVCache`."""
+  cls = PagedKVCache if cfg.attention_impl == "ragged_paged" else KVCache
+  return cls.init(cfg, batch, max_len, dtype)

@@ -18,7 +18,7 @@ from jaxtyping import Array, Float, Int
 
 from agentrl_jax.models import attention_kernels
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.kv_cache import KVCache, write_chunk
+from agentrl_jax.models.kv_cache import KVCache, PagedKVCache, write_chunk, write_chunk_paged
 from agentrl_jax.models.sharding import shard
 
 _INIT_STD = 0.02  # HF's initializer_range for Qwen
@@ -117,12 +117,15 @@ class Attention(nnx.Module):
       self.q_norm_h = _param(rngs, (h,), ("norm",), pd, "ones")
       self.k_norm_h = _param(rngs, (h,), ("norm",), pd, "ones")
 
-  def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, cache_lengths=None, segment_ids=None):
-    """Returns `(out [B, T, D], (k_cache, v_cache) or None)`; `rope_cs` is `rope_angles` of the positions.
+  def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, cache_lengths=None, segment_ids=None,
+               chunk_lengths=None):
+    """Returns `(out [B, T, D], the layer's cache arrays or None)`; `rope_cs` is `rope_angles` of the positions.
     `segment_ids` `[B, T]` (no cache) feed the fused kernels, which build the causal + segment mask themselves.
 
-    Without a cache, keys are this chunk's own (S = T). With one, the chunk's keys/values are first
-    written at slots `cache_lengths[b] + t`, then the queries attend over all S cache slots.
+    Without a cache, keys are this chunk's own (S = T). With one (`(k, v)` of a `KVCache`, or `(kv,)` of a
+    `PagedKVCache`), the chunk's keys/values are first written at slots `cache_lengths[b] + t`, then the
+    queries attend over the cache: all S slots under the mask, or (paged) the row's own
+    `cache_lengths[b] + chunk_lengths[b]` tokens.
     """
     cfg, dt = self.cfg, self.cfg.jnp_dtype
     q = jnp.einsum("BTD,DNH->BTNH", x_btd, self.q_dnh[...].astype(dt))
@@ -143,10 +146,14 @@ class Attention(nnx.Module):
     qg = q.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
     scale = cfg.head_dim ** -0.5
     new_cache = None
-    if cache_kv is not None:
+    if cache_kv is not None and cfg.attention_impl == "ragged_paged":
+      new_cache = (write_chunk_paged(cache_kv[0], k, v, cache_lengths),)
+      out = attention_kernels.ragged_paged_attention(qg, new_cache[0].astype(dt), cache_lengths, chunk_lengths,
+                                                     scale, cfg.kv_page_size, interpret=cfg.attention_interpret)
+    elif cache_kv is not None:
       new_cache = write_chunk(*cache_kv, k, v, cache_lengths)
       out = _cached_attention(qg, new_cache[0].astype(dt), new_cache[1].astype(dt), mask_bts, scale)
-    elif cfg.attention_impl == "splash":
+    elif cfg.attention_impl in ("splash", "ragged_paged"):
       out = attention_kernels.splash_attention(qg, k, v, segment_ids, scale, interpret=cfg.attention_interpret)
     elif cfg.attention_impl == "cudnn":
       out = attention_kernels.cudnn_attention(qg, k, v, mask_bts, scale)
@@ -187,10 +194,11 @@ class DecoderLayer(nnx.Module):
     self.mlp_norm_d = _param(rngs, (cfg.hidden_size,), ("norm",), cfg.jnp_param_dtype, "ones")
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, cache_lengths=None, segment_ids=None):
+  def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, cache_lengths=None, segment_ids=None,
+               chunk_lengths=None):
     eps = self.cfg.rms_norm_eps
     h, new_cache = self.attn(rms_norm(x_btd, self.attn_norm_d[...], eps), rope_cs, mask_bts, cache_kv,
-                             cache_lengths, segment_ids)
+                             cache_lengths, segment_ids, chunk_lengths)
     x_btd = x_btd + h
     x_btd = x_btd + self.mlp(rms_norm(x_btd, self.mlp_norm_d[...], eps))
     return x_btd, new_cache
@@ -214,10 +222,10 @@ class Qwen(nnx.Module):
       *,
       positions: Int[Array, "B T"] | None = None,
       segment_ids: Int[Array, "B T"] | None = None,
-      cache: KVCache | None = None,
+      cache: KVCache | PagedKVCache | None = None,
       chunk_lengths: Int[Array, "B"] | None = None,
       return_hidden: bool = False,
-  ) -> tuple[Float[Array, "B T V"] | Float[Array, "B T D"], KVCache | None]:
+  ) -> tuple[Float[Array, "B T V"] | Float[Array, "B T D"], KVCache | PagedKVCache | None]:
     """Runs the decoder.
 
     Args:
@@ -254,24 +262,35 @@ class Qwen(nnx.Module):
       if chunk_lengths is None:
         chunk_lengths = jnp.full((b,), t, jnp.int32)
       positions = cache.lengths[:, None] + q_idx[None, :]
-      slots = jnp.arange(cache.max_len, dtype=jnp.int32)
-      mask = slots[None, None, :] <= positions[:, :, None]
+      if isinstance(cache, PagedKVCache):
+        if cfg.attention_impl != "ragged_paged":
+          raise ValueError("a PagedKVCache is read by attention_impl='ragged_paged' only, got "
+                           f"{cfg.attention_impl!r}")
+        attention_kernels.check_backend(cfg.attention_impl, cfg.attention_interpret)
+        mask = None  # the kernel masks by each row's length
+      else:
+        slots = jnp.arange(cache.max_len, dtype=jnp.int32)
+        mask = slots[None, None, :] <= positions[:, :, None]
 
     rope_cs = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
     layer_fn = lambda layer, *args: layer(*args)
     if cfg.remat and cache is None:
       layer_fn = nnx.remat(layer_fn)
     new_k, new_v = [], []
+    paged = isinstance(cache, PagedKVCache)
     for i, layer in enumerate(self.layers):
-      kv = None if cache is None else (cache.k[i], cache.v[i])
-      x, layer_cache = layer_fn(layer, x, rope_cs, mask, kv, None if cache is None else cache.lengths, segs)
+      kv = None if cache is None else ((cache.kv[i],) if paged else (cache.k[i], cache.v[i]))
+      x, layer_cache = layer_fn(layer, x, rope_cs, mask, kv, None if cache is None else cache.lengths, segs,
+                                chunk_lengths)
       if layer_cache is not None:
         new_k.append(layer_cache[0])
-        new_v.append(layer_cache[1])
+        new_v.append(layer_cache[-1])
     x = rms_norm(x, self.final_norm_d[...], cfg.rms_norm_eps)
     new_cache = None
     if cache is not None:
-      new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), lengths=cache.lengths + chunk_lengths.astype(jnp.int32))
+      lengths = cache.lengths + chunk_lengths.astype(jnp.int32)
+      new_cache = cache.replace(kv=tuple(new_k), lengths=lengths) if paged else \
+          KVCache(k=tuple(new_k), v=tuple(new_v), lengths=lengths)
     if return_hidden:
       return x, new_cache
     return self.unembed(x), new_cache

@@ -19,6 +19,7 @@ from typing import Any
 
 import ml_collections
 
+from agentrl_jax import compile_stats
 from agentrl_jax.pipeline import console, report, stages
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   _ran_before = True
   # ---------------------------------------------------------------------------------------------- console & caches
   console.setup_logging(os.path.join(workdir, "pipeline.log"))
-  console.enable_compilation_cache(config.compile_cache_dir or os.path.join(workdir, "jax_cache"))
+  compile_stats.enable_compilation_cache(config.compile_cache_dir or os.path.join(workdir, "jax_cache"))
   console.say(f"pipeline: {config.name} in {workdir} (log: {os.path.join(workdir, 'pipeline.log')})")
   order = [s for s in stages.ORDER if s in config.stages]
   results: dict[str, Any] = {}
@@ -113,7 +114,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       with open(started, "w") as f:
         json.dump({"inputs": inputs}, f, indent=1, sort_keys=True)
       console.say(head)
-    with console.measured() as m:
+    with compile_stats.measured() as m:
       results[stage] = stages.RUNNERS[stage](config, workdir, results)
     c = m["compile"]
     timings[stage] = {"wall_s": m["wall_s"], "compile_s": c.compile_s, "compiled_programs": c.programs,

@@ -31,7 +31,7 @@ from jaxtyping import Array, Float, Int
 
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.kv_cache import K_AXES, V_AXES, KVCache
+from agentrl_jax.models.kv_cache import K_AXES, PAGED_AXES, V_AXES, KVCache, PagedKVCache, make_cache
 from agentrl_jax.sampling import logits as logits_lib
 from agentrl_jax.sampling.config import SamplingConfig, StopReason
 
@@ -44,7 +44,8 @@ class SamplingState:
   """Everything the decode loop carries, for B row slots.
 
   Attributes:
-    cache: the KV cache `[B, S]` (S = capacity); `cache.lengths` are the tokens already in it.
+    cache: the KV cache `[B, S]` (S = capacity; a `PagedKVCache` for attention_impl="ragged_paged");
+      `cache.lengths` are the tokens already in it.
     last_token: `[B]` the row's last drawn token, not yet in the cache.
     active: `[B]` the row is decoding.
     stop_reason: `[B]` `StopReason` of an inactive row (RUNNING while active).
@@ -55,7 +56,7 @@ class SamplingState:
     steps: scalar int32, decode steps run so far (all calls).
   """
 
-  cache: KVCache
+  cache: KVCache | PagedKVCache
   last_token: Int[Array, "B"]
   active: Array
   stop_reason: Int[Array, "B"]
@@ -108,7 +109,7 @@ def init_state(cfg: ModelConfig, batch: int, capacity: int, key: jax.Array, *, f
     forced_len: F > 0 enables teacher forcing (per-row forced tokens per turn, for scripted policies).
   """
   return SamplingState(
-      cache=KVCache.init(cfg, batch, capacity),
+      cache=make_cache(cfg, batch, capacity),
       last_token=jnp.zeros((batch,), jnp.int32),
       active=jnp.zeros((batch,), jnp.bool_),
       stop_reason=jnp.full((batch,), int(StopReason.END), jnp.int32),
@@ -225,7 +226,7 @@ def prefill_groups(
   TRACE_COUNTS["prefill_groups"] += 1
   model = nnx.merge(graphdef, params)
   p, t = tokens.shape
-  small = KVCache.init(model.cfg, p, t, dtype=state.cache.dtype)
+  small = make_cache(model.cfg, p, t, dtype=state.cache.dtype)
   hidden, small = model(tokens, cache=small, chunk_lengths=lengths, return_hidden=True)
   logits = model.unembed(_last_hidden(hidden, lengths))  # [P, V]: one unembed per prompt, not per token
   rows = jnp.repeat(jnp.arange(p), n)
@@ -386,8 +387,8 @@ def _state_shardings(state: SamplingState, mesh):
 
   def one(path, x):
     names = [getattr(p, "name", getattr(p, "key", None)) for p in path]
-    if names and names[0] == "cache" and names[1] in ("k", "v"):
-      return sharding_lib.named_sharding(mesh, K_AXES if names[1] == "k" else V_AXES, x.shape)
+    if names and names[0] == "cache" and names[1] in ("k", "v", "kv"):
+      return sharding_lib.named_sharding(mesh, {"k": K_AXES, "v": V_AXES, "kv": PAGED_AXES}[names[1]], x.shape)
     if x.ndim >= 1 and names[0] != "key":
       return sharding_lib.named_sharding(mesh, ("batch",) + (None,) * (x.ndim - 1), x.shape)
     return jax.sharding.NamedSharding(mesh, jax.P())
