@@ -70,6 +70,13 @@ def compile_totals() -> CompileStats:
     return dataclasses.replace(_totals)
 
 
+def metrics_since(since: CompileStats) -> dict[str, float]:
+  """A job's compile work since `since`, as metrics: `compile/programs` (flat once every shape bucket has been
+  met) and `compile/seconds`."""
+  c = compile_totals().minus(since)
+  return {"compile/programs": float(c.programs), "compile/seconds": c.compile_s}
+
+
 @contextlib.contextmanager
 def measured():
   """`with measured() as m:` ... then `m["wall_s"]`, `m["compile"]` (a `CompileStats`) of the block."""

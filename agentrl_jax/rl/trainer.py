@@ -32,7 +32,7 @@ import ml_collections
 import numpy as np
 
 from agentrl_jax import checkpoint as ckpt_lib
-from agentrl_jax import data, metrics_writer, multihost, rewards
+from agentrl_jax import compile_stats, data, metrics_writer, multihost, rewards
 from agentrl_jax.evaluation import runner as eval_runner
 from agentrl_jax.models import loading
 from agentrl_jax.models import sharding as sharding_lib
@@ -55,6 +55,7 @@ def _mean(xs):
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains; returns the metrics of the last step."""
+  compiled0 = compile_stats.compile_totals()  # the job's compile work is reported in its metrics
   # ---------------------------------------------------------------------------------------------- config
   rl = config.rl
   loss_cfg = losses.LossConfig(**rl.loss)
@@ -257,6 +258,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
           **{f"train/{k}": _mean([float(u[k]) for u in updates]) for k in updates[0]},
           **{f"time/{k}_s": v for k, v in times.items()}, "time/step_s": time.perf_counter() - t_step,
           **{f"count/{k}": float(v) for k, v in counters.items()},
+          **compile_stats.metrics_since(compiled0),
       }
       if calls:
         last["response/tool_success_rate"] = 1.0 - failed / calls

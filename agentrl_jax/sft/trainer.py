@@ -28,7 +28,7 @@ import numpy as np
 
 from agentrl_jax import checkpoint as ckpt_lib
 from agentrl_jax import data
-from agentrl_jax import metrics_writer, multihost
+from agentrl_jax import compile_stats, metrics_writer, multihost
 from agentrl_jax.models import hf_io, loading
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.rl import update as rl_update
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains; returns the metrics of the last logged step."""
+  compiled0 = compile_stats.compile_totals()  # the job's compile work is reported in its metrics
   # ---------------------------------------------------------------------------------------------- config
   sft_cfg = step_lib.SFTConfig(**config.sft)
   ckpt_cfg = ckpt_lib.CheckpointConfig(**config.checkpoint)
@@ -127,6 +128,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         last["tokens"] = float(sum(m["tokens"] for m in host))
         last["steps_per_sec"] = len(host) / (time.perf_counter() - t0)
         last.update({k: float(v) for k, v in counters.items()}, epoch=step / total_steps * sft_cfg.num_epochs)
+        last.update(compile_stats.metrics_since(compiled0))
         writer.write(step, last)
         bar.set_postfix(loss=f"{last['loss']:.4f}", lr=f"{last['learning_rate']:.2e}")
         pending, t0 = [], time.perf_counter()

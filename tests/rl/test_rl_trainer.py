@@ -1,4 +1,5 @@
-"""The RL trainer end to end: the reward rises on a toy task, and a SIGKILLed run resumes bit for bit."""
+"""The RL trainer end to end: the reward rises on a toy task (compiling only in its first step), and a SIGKILLed
+run resumes bit for bit."""
 
 import json
 import signal
@@ -29,6 +30,10 @@ def test_reward_rises_on_toy_task(tmp_path):
               "response/length_mean", "reward/overlong_frac", "time/rollout_s", "time/update_s"):
     assert key in last, key
   assert (tmp_path / "samples.jsonl").exists() and list((tmp_path / "tensorboard").iterdir())
+  # Every program (set-up, rollout, scoring, update) is built in the first step; the eleven after it, on other
+  # prompts with other response lengths, compile nothing.
+  programs = [r["compile/programs"] for r in rows]
+  assert 0 < programs[0] <= 100 and programs[1:] == programs[:1] * 11, programs
 
 
 def _episode(group, sample, prompt, response, mask):

@@ -43,6 +43,8 @@ def test_sft_overfits_and_reproduces_assistant_turn(tmp_path, sft_config):
   lines = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
   assert lines[0]["loss"] > 3.0 and lines[-1]["step"] == config.sft.num_epochs  # 4 conversations, batch 4
   assert (tmp_path / "tensorboard").is_dir() and (tmp_path / "samples.jsonl").exists()
+  programs = [line["compile/programs"] for line in lines]  # the job's compiles so far: all in the first epoch
+  assert len(lines) > 2 and programs[0] > 0 and programs[1:] == programs[:1] * (len(lines) - 1), programs
 
   # The final HF export, loaded back, answers a training conversation's first assistant turn verbatim.
   tok = tok_lib.load_tokenizer(tmp_path / "hf")
