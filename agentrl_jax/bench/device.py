@@ -10,9 +10,10 @@ Prints one JSON line per part:
            step: `roofline_frac` = ideal / measured), MFU against the chip's bf16 peak;
   update   the GRPO-TCR update (`rl.update.make_update_fn`, token-mean clip-higher loss, remat as the recipe)
            on `update_rows` x `update_seq` tokens: tokens/s and MFU (PaLM's 6N + 12LHT FLOPs per token);
-both with compile seconds (first call minus a timed call), peak device memory where the backend reports it, the
-device kind and the attention implementation of training and prefill (`--attention`, default "auto": the splash
-kernel on TPU, XLA's blocked attention elsewhere; decode always reads the cache through the XLA path).
+both with compile seconds and programs (JAX's compile events during the first call), peak device memory where
+the backend reports it, the device kind and the attention implementation (`--attention`, default "auto": the
+splash kernel on TPU, XLA's blocked attention elsewhere; "ragged_paged" on a TPU also decodes over a paged
+cache through the ragged paged attention kernel, where the others read the cache through the XLA path).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl_jax import compile_stats
 from agentrl_jax.bench import common
 from agentrl_jax.models import attention_kernels, loading
 from agentrl_jax.models import sharding as sharding_lib
@@ -59,6 +61,11 @@ def decode_bytes(cfg: ModelConfig, rows: int, context: int) -> float:
   return common.matmul_params(cfg) * p + kv
 
 
+def _compiled(first: dict) -> dict:
+  return {"compile_s": first["compile"].compile_s, "compiled_programs": first["compile"].programs,
+          "first_call_s": first["wall_s"]}
+
+
 def bench_sampler(cfg: ModelConfig, mesh, args) -> dict:
   from flax import nnx
 
@@ -73,9 +80,8 @@ def bench_sampler(cfg: ModelConfig, mesh, args) -> dict:
   prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (args.rows, args.prompt)).tolist()
   run = lambda seed: generate_lib.generate(sampler, params, prompts, key=jax.random.key(seed),  # noqa: E731
                                            max_new_tokens=args.new)
-  t0 = time.perf_counter()
-  run(0)
-  first = time.perf_counter() - t0
+  with compile_stats.measured() as first:
+    run(0)
   times = []
   for r in range(args.rounds):
     t0 = time.perf_counter()
@@ -89,7 +95,7 @@ def bench_sampler(cfg: ModelConfig, mesh, args) -> dict:
   flops = 2.0 * common.matmul_params(cfg) * args.rows * args.new
   return {"part": "sampler", "tok_s": args.rows * args.new / sec, "step_ms": step_s * 1e3,
           "roofline_frac": ideal / step_s if ideal else None, "ideal_step_ms": ideal * 1e3 if ideal else None,
-          "mfu": flops / sec / peak if peak else None, "compile_s": first - sec, "rows": args.rows,
+          "mfu": flops / sec / peak if peak else None, **_compiled(first), "rows": args.rows,
           "prompt": args.prompt, "new": args.new}
 
 
@@ -111,10 +117,9 @@ def bench_update(cfg: ModelConfig, mesh, args) -> dict:
            "advantages": rng.standard_normal(b).astype(np.float32),
            "old_logp": np.full((b, t), -8.0, np.float32)}
   batch = jax.device_put(batch, update_lib.batch_sharding(mesh))
-  t0 = time.perf_counter()
-  state, m = update(state, batch, jax.random.key(0))
-  jax.block_until_ready(m)
-  first = time.perf_counter() - t0
+  with compile_stats.measured() as first:
+    state, m = update(state, batch, jax.random.key(0))
+    jax.block_until_ready(m)
   times = []
   for r in range(args.rounds):
     t0 = time.perf_counter()
@@ -125,7 +130,7 @@ def bench_update(cfg: ModelConfig, mesh, args) -> dict:
   peak, _ = chip_specs(jax.devices()[0].device_kind)
   flops = common.train_flops_per_token(cfg, t) * b * t
   return {"part": "update", "tok_s": b * t / sec, "step_s": sec, "mfu": flops / sec / peak if peak else None,
-          "compile_s": first - sec, "rows": b, "seq": t, "loss": float(m["loss"])}
+          **_compiled(first), "rows": b, "seq": t, "loss": float(m["loss"])}
 
 
 def main(argv=None) -> list[dict]:
@@ -142,7 +147,7 @@ def main(argv=None) -> list[dict]:
   ap.add_argument("--rounds", type=int, default=2)
   ap.add_argument("--parts", default="sampler,update")
   ap.add_argument("--devices", type=int, default=0, help="devices of the (fsdp) mesh; 0 = all")
-  ap.add_argument("--attention", default="auto", help="attention_impl: auto, xla, splash or cudnn")
+  ap.add_argument("--attention", default="auto", help="attention_impl: auto, xla, splash, cudnn or ragged_paged")
   args = ap.parse_args(argv)
   impl = attention_kernels.auto_impl() if args.attention == "auto" else args.attention
   cfg = ModelConfig.by_name(args.size, param_dtype=args.dtype, dtype=args.dtype, attention_impl=impl)

@@ -26,7 +26,9 @@ comparison; *_padded_* count the tokens computed including bucket padding. compi
 the default loop's warm-up round spent tracing, lowering and compiling (JAX's compile events) and the programs it
 built (overlap_* / reprefill_*: the same for the others, after the default loop's programs exist);
 compile_frac_of_round = compile_s / the median timed round of the default loop; warmup_s: each warm-up round's
-wall seconds (compile + run).
+wall seconds (compile + run); warm_cache_*: the default loop's warm-up again after `jax.clear_caches()`, its
+programs loaded from the persistent compilation cache the first warm-up filled (what a rerun or a restarted job
+pays; tracing and lowering still run).
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ import argparse
 import dataclasses
 import json
 import re
+import shutil
 import statistics
+import tempfile
 import time
 
 from flax import nnx
@@ -208,7 +212,14 @@ def run(args) -> dict:
          "segment_len": args.segment_len, "min_tool_stops": args.min_tool_stops}
   common.log(f"[bench.rollout] warm-up (compiles) on {args.size}, {episodes} episodes")
   # Warm-up: one round of each loop; JAX's compile events say what of it was compiling (tracing, lowering and
-  # XLA compilation) and how many programs each loop built.
+  # XLA compilation) and how many programs each loop built. A fresh persistent compilation cache records the
+  # programs, as a job's does, for the warm-cache measurement at the end.
+  # (A cache configured already, e.g. JAX_COMPILATION_CACHE_DIR, is used as it is: then `cache_hits` says how
+  # much of the first warm-up it served.)
+  cache_dir = None
+  if args.compile_cache and not jax.config.jax_compilation_cache_dir:
+    cache_dir = tempfile.mkdtemp(prefix="bench_rollout_jax_cache_")
+    compile_stats.enable_compilation_cache(cache_dir)
   warm = {}
   with compile_stats.measured() as warm[default]:
     eps, st = ours(default, 0)
@@ -219,6 +230,7 @@ def run(args) -> dict:
     ref, rst = reprefill(0)
   out["compile_s"] = warm[default]["compile"].compile_s
   out["compiled_programs"] = warm[default]["compile"].programs
+  out["cache_hits"] = warm[default]["compile"].cache_hits
   for name in (other, "reprefill"):
     out[f"{name}_compile_s"] = warm[name]["compile"].compile_s
     out[f"{name}_compiled_programs"] = warm[name]["compile"].programs
@@ -255,6 +267,14 @@ def run(args) -> dict:
     traces["reprefill"] += sum(TRACE_COUNTS.values()) - n0
     common.log(f"[bench.rollout] round {r}: pause {times['pause'][-1]:.2f} s, overlap {times['overlap'][-1]:.2f} s,"
                f" reprefill {times['reprefill'][-1]:.2f} s")
+  if args.compile_cache:  # what a rerun or a restarted job pays: the same round with the in-memory caches dropped
+    jax.clear_caches()
+    with compile_stats.measured() as rerun:
+      ours(default, 0)
+    c = rerun["compile"]
+    out.update(warm_cache_compile_s=c.compile_s, warm_cache_programs=c.programs, warm_cache_hits=c.cache_hits)
+    if cache_dir:
+      shutil.rmtree(cache_dir, ignore_errors=True)
   out["traces_in_rounds"] = traces["pause"] + traces["reprefill"]
   out["traces_in_rounds_overlap"] = traces["overlap"]
   executor.close()
@@ -268,6 +288,8 @@ def run(args) -> dict:
   ratios = [p / o for p, o in zip(times["reprefill"], times[default])]
   out["speedup"] = med(ratios)
   out["compile_frac_of_round"] = out["compile_s"] / med(times[default])
+  if args.compile_cache:
+    out["warm_cache_compile_frac_of_round"] = out["warm_cache_compile_s"] / med(times[default])
   out["speedup_min"], out["speedup_max"] = min(ratios), max(ratios)
   out["overlap_vs_pause"] = med([p / o for p, o in zip(times["pause"], times["overlap"])])
   for name in ("pause", "overlap"):
@@ -293,6 +315,8 @@ def main(argv=None) -> None:
   p.add_argument("--groups-per-prefill", type=int, default=16)
   p.add_argument("--rounds", type=int, default=3)
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--no-compile-cache", dest="compile_cache", action="store_false",
+                 help="skip the persistent-cache (rerun) measurement")
   args = p.parse_args(argv)
   print(json.dumps(run(args)), flush=True)
 

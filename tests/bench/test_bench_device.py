@@ -32,4 +32,6 @@ def test_tiny_run_prints_both_parts(capsys):
   assert update["tok_s"] == pytest.approx(2 * 32 / update["step_s"], rel=1e-9)
   assert sampler["mfu"] is None and sampler["roofline_frac"] is None  # no chip peak known for a CPU
   assert sampler["attention"] == "xla" and update["device_kind"] == "cpu"
+  for part in out:  # compile work of the first call, from JAX's compile events
+    assert part["compiled_programs"] > 0 and 0 < part["compile_s"] < part["first_call_s"]
   assert len(capsys.readouterr().out.strip().splitlines()) == 2

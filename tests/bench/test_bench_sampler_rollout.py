@@ -83,6 +83,9 @@ def test_rollout_bench_smoke():
   # Timed rounds reuse the warm-up's compiled functions (pause and re-prefill are deterministic; overlap follows
   # tool timing and is only reported).
   assert line["traces_in_rounds"] == 0 and line["traces_in_rounds_overlap"] >= 0
+  # Compile work from JAX's events: the warm-up built programs; the rerun loaded every one from the cache.
+  assert line["compiled_programs"] > 0 and 0 < line["compile_s"] < line["warmup_s"][line["default_mode"]]
+  assert line["warm_cache_programs"] == line["warm_cache_hits"] > 0
   mode = line["default_mode"]
   assert line["ours_episodes_s"] == line[f"{mode}_episodes_s"]
   assert line["speedup"] == pytest.approx(line["ours_episodes_s"] / line["reprefill_episodes_s"], rel=1e-9)
