@@ -21,8 +21,8 @@ max(FLOPs / matmul peak, bytes read / memory bandwidth), where FLOPs = 2 * matmu
 the context so far) and bytes = the weights a step reads (f32: all but an untied input embedding table, of which
 only B rows are read) + the K/V cache of the context so far; peak and bandwidth are measured in the same round.
 xla_step_floor_ms = a decode step reduced to its matrix products (`step_floor_seconds`), timed in the same
-round: no XLA:CPU decode step can be faster, so speedup_hf_at_step_floor and roofline_frac_at_step_floor bound
-what any XLA:CPU sampler reaches here.
+round: no XLA:CPU decode step can be faster, so speedup_hf_at_step_floor, speedup_tunix_at_step_floor and
+roofline_frac_at_step_floor bound what any XLA:CPU sampler reaches here.
 """
 
 from __future__ import annotations
@@ -244,6 +244,8 @@ def run_size(size: str, args) -> dict:
   out["xla_step_floor_ms"] = med(rows["floor"]) * 1e3
   if rows["hf"]:
     out["speedup_hf_at_step_floor"] = med(rows["hf"]) / new / med(rows["floor"])
+  if rows["tunix"]:
+    out["speedup_tunix_at_step_floor"] = med(rows["tunix"]) / new / med(rows["floor"])
   out["roofline_frac_at_step_floor"] = out["ideal_step_ms"] / out["xla_step_floor_ms"]
   out["rounds"] = args.rounds
   return out

@@ -18,6 +18,9 @@ slower sample measured someone else's load; *_median fields (median of per-round
 ratios speedup_round_* show the spread. loss_rel_diff compares the two first-step losses (same math check).
 cpu_share_median = process CPU seconds / (wall seconds x cores) during the timed steps: below 1, other
 processes had part of the cores (the step's MFU is then capped at about that share of the matmul peak).
+xla_step_floor_s = the step reduced to its matrix products, forward and backward (`step_floor_seconds`), timed
+each round: no XLA:CPU update is faster, so mfu_at_step_floor and speedup_at_step_floor bound what any update on
+XLA:CPU's matmul kernels reaches here.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import time
 
 from flax import nnx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from agentrl_jax import compile_stats
@@ -56,6 +60,44 @@ def make_batch(cfg: ModelConfig, batch: int, seq: int, prompt_len: int, seed: in
   mask[:, tool] = 0
   adv = rng.standard_normal(batch).astype(np.float32)
   return {"tokens": tokens, "loss_mask": mask, "advantages": adv}
+
+
+def step_floor_seconds(cfg: ModelConfig, batch: int, seq: int, chunk: int, repeats: int = 2) -> float:
+  """Seconds of the update's matrix products alone, forward and backward, as XLA:CPU runs them.
+
+  Per layer: the q, k, v projections, causal attention by query blocks of `cfg.attention_block` (scores and
+  values over the keys up to the block's end, as the model computes them), the output projection, gate, up and
+  down; then the LM head over T-chunks of `chunk` tokens; `jax.grad` of their sum with respect to every weight
+  builds the backward products (two per forward product). Fresh weights of the model's shapes; nothing else:
+  no norms, rotary, softmax, log-probs, loss, clipping or optimizer. No update step built on XLA:CPU's matmul
+  kernels can be faster, so `flops / this / peak` bounds its MFU and `tunix / this` its speedup over Tunix.
+  """
+  d, f, h, nk, g, n = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_kv_heads, cfg.num_groups,
+                       cfg.num_heads)
+  keys = iter(jax.random.split(jax.random.key(0), 8 * cfg.num_layers + 2))
+  rand = lambda *shape: 0.02 * jax.random.normal(next(keys), shape, jnp.float32)  # noqa: E731
+  weights = {"layers": [dict(q=rand(d, n * h), k=rand(d, nk * h), v=rand(d, nk * h), o=rand(n * h, d),
+                             gate=rand(d, f), up=rand(d, f), down=rand(f, d)) for _ in range(cfg.num_layers)],
+             "head": rand(d, cfg.vocab_size)}
+  block = cfg.attention_block or seq
+
+  def products(weights, x):  # x [B, T, D]
+    for w in weights["layers"]:
+      q = (x @ w["q"]).reshape(batch, seq, nk, g, h)
+      k, v = (x @ w["k"]).reshape(batch, seq, nk, h), (x @ w["v"]).reshape(batch, seq, nk, h)
+      outs = []
+      for start in range(0, seq, block):
+        end = min(start + block, seq)
+        scores = jnp.einsum("BTKGH,BSKH->BKGTS", q[:, start:end], k[:, :end])
+        outs.append(jnp.einsum("BKGTS,BSKH->BTKGH", scores, v[:, :end]))
+      x = jnp.concatenate(outs, axis=1).reshape(batch, seq, n * h) @ w["o"]
+      x = ((x @ w["gate"]) * (x @ w["up"])) @ w["down"]
+    return sum(jnp.sum(x[:, i:i + chunk] @ weights["head"]) for i in range(0, seq, chunk))
+
+  run = jax.jit(jax.grad(products))
+  x0 = rand(batch, seq, d)
+  jax.block_until_ready(run(weights, x0))
+  return min(common.timed(lambda: run(weights, x0)) for _ in range(repeats))
 
 
 class TunixWorker(common.SideProcess):
@@ -132,10 +174,11 @@ def run(args) -> dict:
                  " the two steps do not compute the same thing (Tunix ignores rope_theta: use 1e6)")
 
   cores = len(os.sched_getaffinity(0))
-  ours_best, tunix_best, peaks, speedups, ours_cpu, tunix_cpu = [], [], [], [], [], []
+  ours_best, tunix_best, peaks, speedups, ours_cpu, tunix_cpu, floors = [], [], [], [], [], [], []
   try:
     for r in range(args.rounds):
       peaks.append(common.matmul_peak_flops(args.matmul_n, repeats=args.matmul_repeats))
+      floors.append(step_floor_seconds(cfg, b, t, args.chunk))
       times = []
       for i in range(args.steps):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -163,13 +206,15 @@ def run(args) -> dict:
              tok_s=tokens_per_step / min(ours_best), tok_s_median=tokens_per_step / med(ours_best),
              peak_gflops=peak / 1e9, peak_gflops_median=med(peaks) / 1e9,
              achieved_gflops=flops_per_step / min(ours_best) / 1e9,
-             cpu_share_median=med(ours_cpu), cores=cores)
+             cpu_share_median=med(ours_cpu), cores=cores,
+             # what XLA:CPU allows: an update of nothing but its matrix products, and the MFU it would reach
+             xla_step_floor_s=min(floors), mfu_at_step_floor=flops_per_step / min(floors) / peak)
   if worker is not None:
     out.update(tunix_tok_s=tokens_per_step / min(tunix_best), tunix_tok_s_median=tokens_per_step / med(tunix_best),
                tunix_mfu=flops_per_step / min(tunix_best) / peak, tunix_cpu_share_median=med(tunix_cpu),
                speedup=tokens_per_step / min(ours_best) / (tokens_per_step / min(tunix_best)),
                speedup_round_median=med(speedups), speedup_round_min=min(speedups),
-               speedup_round_max=max(speedups))
+               speedup_round_max=max(speedups), speedup_at_step_floor=min(tunix_best) / min(floors))
   else:
     out["tunix_tok_s"] = None
   out["rounds"], out["steps_per_round"] = args.rounds, args.steps

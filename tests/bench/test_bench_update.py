@@ -36,6 +36,9 @@ def test_bench_update_prints_one_json_line_without_tunix(capsys):
   assert out["mfu"] == pytest.approx(out["achieved_gflops"] / out["peak_gflops"], rel=1e-9)
   assert out["peak_gflops"] >= out["peak_gflops_median"] > 0  # the peak is the best matmul of the run
   assert out["tok_s"] >= out["tok_s_median"] > 0               # best-of-run >= median
+  # The matmul-only floor of the step: the same FLOPs in its own time, so the two MFUs scale by the times.
+  assert out["mfu_at_step_floor"] == pytest.approx(out["mfu"] * (2 * 64 / out["tok_s"]) / out["xla_step_floor_s"],
+                                                   rel=1e-9)
 
 
 @pytest.mark.slow
@@ -50,5 +53,5 @@ def test_bench_update_vs_tunix_subprocess():
   assert len(lines) == 1, res.stdout
   out = json.loads(lines[0])
   assert {"bench", "mfu", "tok_s", "tunix_tok_s"} <= set(out)
-  assert out["tunix_tok_s"] > 0 and out["speedup"] > 0
+  assert out["tunix_tok_s"] > 0 and out["speedup"] > 0 and out["speedup_at_step_floor"] > 0
   assert out["loss_rel_diff"] < 1e-4 and abs(out["entropy"] - out["tunix_entropy"]) < 1e-4
