@@ -1,8 +1,7 @@
 """Accelerator benchmark of a Qwen3-4B-shaped random-weight model: the sampler and the RL update step.
 
     python -m agentrl_jax.bench.device                       # on a GPU / TPU: the recipe's shapes, bf16
-    python -m agentrl_jax.bench.device --size tiny_qwen3 --rows 4 --prompt 16 --new 16 --update-rows 2 \\
-        --update-seq 64                                      # CPU smoke (the test suite)
+    python -m agentrl_jax.bench.device --smoke               # tiny shapes, float32: runs on a CPU (the test suite)
 
 Prints one JSON line per part:
   sampler  B rows x `prompt` random prompt tokens, `new` tokens each at T=1 (no stop token): tokens/s, the
@@ -21,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import jax
@@ -37,6 +37,11 @@ from agentrl_jax.models.config import ModelConfig
 CHIPS = (("H200", 989e12, 4.8e12), ("H100", 989e12, 3.35e12), ("A100", 312e12, 2.0e12),
          ("TPU v6", 918e12, 1.64e12), ("TPU v5p", 459e12, 2.765e12), ("TPU v5 lite", 197e12, 0.819e12),
          ("TPU v5e", 197e12, 0.819e12), ("TPU v4", 275e12, 1.2e12))
+
+
+# --smoke: the shapes of a CPU run of both parts in seconds (later flags still override them).
+SMOKE = ("--size", "tiny_qwen3", "--dtype", "float32", "--rows", "4", "--prompt", "16", "--new", "8", "--segment", "8",
+         "--update-rows", "2", "--update-seq", "32", "--rounds", "1", "--devices", "1")
 
 
 def chip_specs(kind: str) -> tuple[float | None, float | None]:
@@ -148,7 +153,10 @@ def main(argv=None) -> list[dict]:
   ap.add_argument("--parts", default="sampler,update")
   ap.add_argument("--devices", type=int, default=0, help="devices of the (fsdp) mesh; 0 = all")
   ap.add_argument("--attention", default="auto", help="attention_impl: auto, xla, splash, cudnn or ragged_paged")
+  ap.add_argument("--smoke", action="store_true", help="tiny shapes in float32 (any backend; the test suite)")
   args = ap.parse_args(argv)
+  if args.smoke:
+    args = ap.parse_args([*SMOKE, *(sys.argv[1:] if argv is None else argv)])
   impl = attention_kernels.auto_impl() if args.attention == "auto" else args.attention
   cfg = ModelConfig.by_name(args.size, param_dtype=args.dtype, dtype=args.dtype, attention_impl=impl)
   devices = jax.devices()[:args.devices or None]

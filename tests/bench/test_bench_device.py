@@ -24,8 +24,7 @@ def test_decode_bytes_by_hand():
 
 
 def test_tiny_run_prints_both_parts(capsys):
-  out = device.main(["--size", "tiny_qwen3", "--dtype", "float32", "--rows", "4", "--prompt", "16", "--new", "8",
-                     "--segment", "8", "--update-rows", "2", "--update-seq", "32", "--rounds", "1", "--devices", "1"])
+  out = device.main(["--smoke"])
   sampler, update = out
   assert sampler["part"] == "sampler" and update["part"] == "update"
   assert sampler["tok_s"] == pytest.approx(4 / (sampler["step_ms"] / 1e3), rel=1e-9)
