@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from agentrl_jax.models import kv_cache
+
 _BACKENDS = {"splash": ("tpu",), "cudnn": ("gpu",), "ragged_paged": ("tpu",)}
 _INTERPRETABLE = ("splash", "ragged_paged")
 
@@ -191,7 +193,7 @@ def ragged_paged_attention(qg: Float[Array, "B T K G H"], kv: Float[Array, "B S 
     cu = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(chunk_lengths.astype(jnp.int32))])
     q = _pack(qg.reshape(bl, t, nk_l * g, h), cu)  # [B*T, N, H]
     pages = kv.reshape(bl * s // page_size, page_size, 2 * nk_l, h)
-    page_indices = jnp.arange(bl * (s // page_size), dtype=jnp.int32).reshape(bl, s // page_size)
+    page_indices = kv_cache.static_page_table(bl, s // page_size)
     args = (q, pages, (lengths + chunk_lengths).astype(jnp.int32), page_indices, cu, jnp.array([bl], jnp.int32))
     if interpret:
       out = paged_attention_reference(*args, sm_scale=scale, max_q_len=t)

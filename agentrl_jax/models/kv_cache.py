@@ -67,6 +67,14 @@ class KVCache:
   def dtype(self):
     return self.v[0].dtype
 
+  def layer(self, i: int) -> tuple[jax.Array, jax.Array]:
+    """Layer i's arrays as the model's attention takes them: `(k, v)`."""
+    return self.k[i], self.v[i]
+
+  def with_layers(self, layers: list[tuple[jax.Array, ...]], lengths: Int[Array, "B"]) -> KVCache:
+    """The cache holding the layers' updated arrays (as `layer` gives them) and the new lengths."""
+    return self.replace(k=tuple(k for k, _ in layers), v=tuple(v for _, v in layers), lengths=lengths)
+
   def select_rows(self, rows: Int[Array, "R"]) -> KVCache:
     """Gathers rows (e.g. `jnp.repeat(arange(P), n)` to share one prompt prefill across n samples)."""
     return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), self)
@@ -124,6 +132,11 @@ def _round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
+def static_page_table(batch: int, pages: int) -> Int[Array, "B P"]:
+  """Row b owns pages `[b * pages, (b + 1) * pages)`, in order (the page table of a `PagedKVCache`)."""
+  return jnp.arange(batch * pages, dtype=jnp.int32).reshape(batch, pages)
+
+
 @flax.struct.dataclass
 class PagedKVCache:
   """The KV cache as pages of `page_size` tokens, for the ragged paged attention kernel (`attention_impl=
@@ -166,8 +179,15 @@ class PagedKVCache:
 
   def page_indices(self) -> Int[Array, "B P"]:
     """The page table: row b's pages, in order."""
-    pages = self.max_len // self.page_size
-    return jnp.arange(self.batch * pages, dtype=jnp.int32).reshape(self.batch, pages)
+    return static_page_table(self.batch, self.max_len // self.page_size)
+
+  def layer(self, i: int) -> tuple[jax.Array]:
+    """Layer i's arrays as the model's attention takes them: `(kv,)`."""
+    return (self.kv[i],)
+
+  def with_layers(self, layers: list[tuple[jax.Array, ...]], lengths: Int[Array, "B"]) -> PagedKVCache:
+    """The cache holding the layers' updated arrays (as `layer` gives them) and the new lengths."""
+    return self.replace(kv=tuple(kv for (kv,) in layers), lengths=lengths)
 
   def select_rows(self, rows: Int[Array, "R"]) -> PagedKVCache:
     return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), self)

@@ -276,21 +276,16 @@ class Qwen(nnx.Module):
     layer_fn = lambda layer, *args: layer(*args)
     if cfg.remat and cache is None:
       layer_fn = nnx.remat(layer_fn)
-    new_k, new_v = [], []
-    paged = isinstance(cache, PagedKVCache)
+    new_layers = []
     for i, layer in enumerate(self.layers):
-      kv = None if cache is None else ((cache.kv[i],) if paged else (cache.k[i], cache.v[i]))
+      kv = None if cache is None else cache.layer(i)
       x, layer_cache = layer_fn(layer, x, rope_cs, mask, kv, None if cache is None else cache.lengths, segs,
                                 chunk_lengths)
-      if layer_cache is not None:
-        new_k.append(layer_cache[0])
-        new_v.append(layer_cache[-1])
+      new_layers.append(layer_cache)
     x = rms_norm(x, self.final_norm_d[...], cfg.rms_norm_eps)
     new_cache = None
     if cache is not None:
-      lengths = cache.lengths + chunk_lengths.astype(jnp.int32)
-      new_cache = cache.replace(kv=tuple(new_k), lengths=lengths) if paged else \
-          KVCache(k=tuple(new_k), v=tuple(new_v), lengths=lengths)
+      new_cache = cache.with_layers(new_layers, cache.lengths + chunk_lengths.astype(jnp.int32))
     if return_hidden:
       return x, new_cache
     return self.unembed(x), new_cache

@@ -385,10 +385,12 @@ class Sampler:
 def _state_shardings(state: SamplingState, mesh):
   """Shardings of a SamplingState: cache by K_AXES / V_AXES, per-row arrays along "batch", the rest replicated."""
 
+  cache_axes = {"k": K_AXES, "v": V_AXES, "kv": PAGED_AXES}  # KVCache and PagedKVCache arrays
+
   def one(path, x):
     names = [getattr(p, "name", getattr(p, "key", None)) for p in path]
-    if names and names[0] == "cache" and names[1] in ("k", "v", "kv"):
-      return sharding_lib.named_sharding(mesh, {"k": K_AXES, "v": V_AXES, "kv": PAGED_AXES}[names[1]], x.shape)
+    if names and names[0] == "cache" and names[1] in cache_axes:
+      return sharding_lib.named_sharding(mesh, cache_axes[names[1]], x.shape)
     if x.ndim >= 1 and names[0] != "key":
       return sharding_lib.named_sharding(mesh, ("batch",) + (None,) * (x.ndim - 1), x.shape)
     return jax.sharding.NamedSharding(mesh, jax.P())
