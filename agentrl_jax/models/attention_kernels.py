@@ -2,7 +2,8 @@
 
 `ModelConfig.attention_impl` chooses:
 
-* `xla`: the model's own blocked attention (`qwen._causal_blocked_attention`); every backend.
+* `xla`: the model's own blocked attention (`qwen._causal_blocked_attention` over `dense_attention`); every
+  backend.
 * `splash`: the TPU splash attention kernel (`jax.experimental.pallas.ops.tpu.splash_attention`): scores never
   leave VMEM and blocks above the diagonal, or across packed segments, are skipped. One MQA kernel per kv head
   serves its group of query heads (GQA without repeating keys). Under a mesh it runs per shard (`shard_map`
@@ -33,6 +34,15 @@ from agentrl_jax.models import kv_cache
 
 _BACKENDS = {"splash": ("tpu",), "cudnn": ("gpu",), "ragged_paged": ("tpu",)}
 _INTERPRETABLE = ("splash", "ragged_paged")
+
+
+def dense_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B S K H"], v: Float[Array, "B S K H"],
+                    mask_bts: Array, scale: float) -> Float[Array, "B T K G H"]:
+  """Softmax attention of T queries over S keys under a `[B, T, S]` mask; scores and softmax in float32 (the
+  `xla` path's core, and of the XLA statement of the ragged paged kernel)."""
+  scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32) * scale
+  scores = jnp.where(mask_bts[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+  return jnp.einsum("BKGTS,BSKH->BTKGH", jax.nn.softmax(scores, axis=-1).astype(qg.dtype), v)
 
 
 def target_platform() -> str:
@@ -159,10 +169,7 @@ def paged_attention_reference(q: Float[Array, "Q N H"], kv_pages: Float[Array, "
   pos = (kv_lens - q_len)[:, None] + jnp.arange(t)[None, :]  # [B, T]
   keep = jnp.arange(pages * page)[None, None, :] <= pos[:, :, None]
   keep &= (jnp.arange(pages * page)[None, None, :] < kv_lens[:, None, None])
-  qg = qb.reshape(b, t, nk, n // nk, h)
-  scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32) * sm_scale
-  scores = jnp.where(keep[:, None, None], scores, jnp.finfo(jnp.float32).min)
-  out = jnp.einsum("BKGTS,BSKH->BTKGH", jax.nn.softmax(scores, axis=-1).astype(v.dtype), v)
+  out = dense_attention(qb.reshape(b, t, nk, n // nk, h), k, v, keep, sm_scale)
   out = _pack(out.reshape(b, t, n, h).astype(q.dtype), cu_q_lens)
   out = out[:nq]  # packed queries fill at most the first nq rows
   return jnp.pad(out, ((0, nq - out.shape[0]), (0, 0), (0, 0)))

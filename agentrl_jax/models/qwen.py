@@ -63,7 +63,7 @@ def _cached_attention(qg: Float[Array, "B T K G H"], k_t: Float[Array, "B K H S"
   Both products are batched matmuls over (B, K) whose operands lie in memory as the kernel reads them (see
   `kv_cache`), so a decode step streams each half of the cache once. They are written with `lax.dot_general`
   and the query first: `jnp.einsum` may swap the operands, and XLA:CPU then reads the cache through a
-  transposed-operand kernel (2-3x slower). Scores and softmax in float32, as in `_dense_attention`.
+  transposed-operand kernel (2-3x slower). Scores and softmax in float32, as in `attention_kernels.dense_attention`.
   """
   b, t, nk, g, h = qg.shape
   dims = (((3,), (2,)), ((0, 1), (0, 1)))  # contract dim 3 with dim 2, batch over (B, K)
@@ -73,14 +73,6 @@ def _cached_attention(qg: Float[Array, "B T K G H"], k_t: Float[Array, "B K H S"
   probs = jax.nn.softmax(jnp.where(keep, scores, jnp.finfo(jnp.float32).min), axis=-1).astype(qg.dtype)
   out = jax.lax.dot_general(probs, v, dims)  # [B, K, G*T, H]
   return jnp.transpose(out.reshape(b, nk, g, t, h), (0, 3, 1, 2, 4))
-
-
-def _dense_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B S K H"], v: Float[Array, "B S K H"],
-                     mask_bts: Array, scale: float) -> Float[Array, "B T K G H"]:
-  """Softmax attention of T queries over S keys; scores and softmax in float32."""
-  scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32) * scale
-  scores = jnp.where(mask_bts[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-  return jnp.einsum("BKGTS,BSKH->BTKGH", jax.nn.softmax(scores, axis=-1).astype(qg.dtype), v)
 
 
 def _causal_blocked_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
@@ -95,7 +87,8 @@ def _causal_blocked_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B 
   outs = []
   for start in range(0, t, block):
     end = min(start + block, t)
-    outs.append(_dense_attention(qg[:, start:end], k[:, :end], v[:, :end], mask_bts[:, start:end, :end], scale))
+    outs.append(attention_kernels.dense_attention(qg[:, start:end], k[:, :end], v[:, :end],
+                                                  mask_bts[:, start:end, :end], scale))
   return jnp.concatenate(outs, axis=1)
 
 
@@ -160,7 +153,7 @@ class Attention(nnx.Module):
     elif cfg.attention_block and t > cfg.attention_block:
       out = _causal_blocked_attention(qg, k, v, mask_bts, scale, cfg.attention_block)
     else:
-      out = _dense_attention(qg, k, v, mask_bts, scale)
+      out = attention_kernels.dense_attention(qg, k, v, mask_bts, scale)
     out = out.reshape(b, t, cfg.num_heads, cfg.head_dim)
     out = jnp.einsum("BTNH,NHD->BTD", out, self.o_nhd[...].astype(dt))
     return shard(out, ("batch", "seq", "act_embed")), new_cache

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from agentrl_jax import testing
-from agentrl_jax.models import attention_kernels, qwen
+from agentrl_jax.models import attention_kernels
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
 
@@ -83,7 +83,7 @@ def test_cudnn_call_matches_xla_attention():
   seg[0, 20:] = 1
   idx = np.arange(t)
   mask = jnp.asarray((idx[None, :, None] >= idx[None, None, :]) & (seg[:, :, None] == seg[:, None, :]))
-  want = qwen._dense_attention(qg, k, v, mask, h ** -0.5)  # pylint: disable=protected-access
+  want = attention_kernels.dense_attention(qg, k, v, mask, h ** -0.5)
   got = attention_kernels.cudnn_attention(qg, k, v, mask, h ** -0.5, implementation="xla")
   np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
 
