@@ -20,7 +20,7 @@ per-round ratios. roofline_frac = ideal / ours, ideal = prefill + sum over the 2
 max(FLOPs / matmul peak, bytes read / memory bandwidth), where FLOPs = 2 * matmul params * B (+ attention over
 the context so far) and bytes = the weights a step reads (f32: all but an untied input embedding table, of which
 only B rows are read) + the K/V cache of the context so far; peak and bandwidth are measured in the same round.
-xla_step_floor_ms = a decode step reduced to its matrix products (`step_floor_seconds`), timed in the same
+xla_step_floor_ms = a decode step reduced to its matrix products (`make_step_floor`), timed in the same
 round: no XLA:CPU decode step can be faster, so speedup_hf_at_step_floor, speedup_tunix_at_step_floor and
 roofline_frac_at_step_floor bound what any XLA:CPU sampler reaches here.
 """
@@ -33,6 +33,7 @@ import os
 import statistics
 import tempfile
 import time
+from typing import Callable
 
 from flax import nnx
 import jax
@@ -74,8 +75,10 @@ def ideal_seconds(cfg: ModelConfig, batch: int, prompt_len: int, new_tokens: int
   return total
 
 
-def step_floor_seconds(cfg: ModelConfig, batch: int, ctx: int, steps: int = 16, repeats: int = 3) -> float:
-  """Seconds of one decode step reduced to its matrix products, as XLA:CPU runs them.
+def make_step_floor(cfg: ModelConfig, batch: int, ctx: int, steps: int = 16, repeats: int = 3
+                    ) -> Callable[[], float]:
+  """A timer of one decode step reduced to its matrix products, as XLA:CPU runs them: compiled once, each call
+  returns the best of `repeats` runs, in seconds per step.
 
   Per layer, in dependency order: x -> q, k, v projections -> scores (q @ keys) -> probs @ values -> output
   projection -> gate, up -> down; then the LM head; `steps` such steps in one compiled loop. Fresh weights
@@ -107,7 +110,7 @@ def step_floor_seconds(cfg: ModelConfig, batch: int, ctx: int, steps: int = 16, 
   run = jax.jit(lambda x: jax.lax.fori_loop(0, steps, step, x))
   x0 = rand(batch, d)
   jax.block_until_ready(run(x0))
-  return min(common.timed(lambda: run(x0)) for _ in range(repeats)) / steps
+  return lambda: min(common.timed(lambda: run(x0)) for _ in range(repeats)) / steps
 
 
 class TunixWorker(common.SideProcess):
@@ -198,12 +201,13 @@ def run_size(size: str, args) -> dict:
   # ---------------------------------------------------------------- rounds
   tokens = b * new
   rows = {k: [] for k in ("ours", "hf", "tunix", "peak", "bw", "ideal", "floor")}
+  step_floor = make_step_floor(cfg, b, plen + new // 2)
   try:
     for r in range(args.rounds):
       rows["peak"].append(common.matmul_peak_flops(args.matmul_n, repeats=args.matmul_repeats))
       rows["bw"].append(memory_bandwidth(args.mem_mb << 20))
       rows["ideal"].append(ideal_seconds(cfg, b, plen, new, rows["peak"][-1], rows["bw"][-1]))
-      rows["floor"].append(step_floor_seconds(cfg, b, plen + new // 2))
+      rows["floor"].append(step_floor())
       rows["ours"].append(min(common.timed(lambda: ours_call(1 + r * args.repeats + i).tokens)
                               for i in range(args.repeats)))
       msg = (f"round {r}: peak {rows['peak'][-1] / 1e9:.0f} GFLOP/s, bw {rows['bw'][-1] / 1e9:.1f} GB/s, "

@@ -18,7 +18,7 @@ slower sample measured someone else's load; *_median fields (median of per-round
 ratios speedup_round_* show the spread. loss_rel_diff compares the two first-step losses (same math check).
 cpu_share_median = process CPU seconds / (wall seconds x cores) during the timed steps: below 1, other
 processes had part of the cores (the step's MFU is then capped at about that share of the matmul peak).
-xla_step_floor_s = the step reduced to its matrix products, forward and backward (`step_floor_seconds`), timed
+xla_step_floor_s = the step reduced to its matrix products, forward and backward (`make_step_floor`), timed
 each round: no XLA:CPU update is faster, so mfu_at_step_floor and speedup_at_step_floor bound what any update on
 XLA:CPU's matmul kernels reaches here.
 """
@@ -31,6 +31,7 @@ import os
 import statistics
 import tempfile
 import time
+from typing import Callable
 
 from flax import nnx
 import jax
@@ -62,8 +63,10 @@ def make_batch(cfg: ModelConfig, batch: int, seq: int, prompt_len: int, seed: in
   return {"tokens": tokens, "loss_mask": mask, "advantages": adv}
 
 
-def step_floor_seconds(cfg: ModelConfig, batch: int, seq: int, chunk: int, repeats: int = 2) -> float:
-  """Seconds of the update's matrix products alone, forward and backward, as XLA:CPU runs them.
+def make_step_floor(cfg: ModelConfig, batch: int, seq: int, chunk: int, repeats: int = 2
+                    ) -> Callable[[], float]:
+  """A timer of the update's matrix products alone, forward and backward, as XLA:CPU runs them: compiled once,
+  each call returns the best of `repeats` runs in seconds.
 
   Per layer: the q, k, v projections, causal attention by query blocks of `cfg.attention_block` (scores and
   values over the keys up to the block's end, as the model computes them), the output projection, gate, up and
@@ -97,7 +100,7 @@ def step_floor_seconds(cfg: ModelConfig, batch: int, seq: int, chunk: int, repea
   run = jax.jit(jax.grad(products))
   x0 = rand(batch, seq, d)
   jax.block_until_ready(run(weights, x0))
-  return min(common.timed(lambda: run(weights, x0)) for _ in range(repeats))
+  return lambda: min(common.timed(lambda: run(weights, x0)) for _ in range(repeats))
 
 
 class TunixWorker(common.SideProcess):
@@ -175,10 +178,11 @@ def run(args) -> dict:
 
   cores = len(os.sched_getaffinity(0))
   ours_best, tunix_best, peaks, speedups, ours_cpu, tunix_cpu, floors = [], [], [], [], [], [], []
+  step_floor = make_step_floor(cfg, b, t, args.chunk)
   try:
     for r in range(args.rounds):
       peaks.append(common.matmul_peak_flops(args.matmul_n, repeats=args.matmul_repeats))
-      floors.append(step_floor_seconds(cfg, b, t, args.chunk))
+      floors.append(step_floor())
       times = []
       for i in range(args.steps):
         t0, c0 = time.perf_counter(), time.process_time()
