@@ -15,7 +15,8 @@ and scores a share of the episodes, and the results are gathered so that every h
 A run killed at any point resumes from its latest checkpoint with the same config and workdir: the checkpoint
 holds the train state, the grain iterator position, the PRNG key and the counters. With
 `rollout.overlap_tools=False` (the default) and deterministic tool outputs, every step is a deterministic
-function of those, so the resumed run reaches the same params bit for bit. (With overlap, when each row resumes depends on tool timing, and so do the draws.)
+function of those, so the resumed run reaches the same params bit for bit. (With overlap, when each row resumes
+depends on tool timing, and so do the draws.)
 """
 
 from __future__ import annotations
