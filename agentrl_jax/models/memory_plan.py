@@ -135,9 +135,10 @@ def activation_bytes(cfg: ModelConfig, tokens: int, tensor: int, *, remat: bool,
 
   The count is the residuals JAX's autodiff saves (checked element for element against `saved_residuals` of the
   update's forward with the splash kernel, in float32, in tests/models/test_memory_plan.py), per token and layer:
-  6 hidden-width and 6 MLP-width arrays (norm inputs and outputs, projections, SwiGLU parts), 5 query-width and
-  4 kv-width arrays (q, k, v around RoPE and the kernel's operands) and the per-head / per-token statistics of
-  the norms and the kernel; plus the final norm's 3 hidden-width arrays and the RoPE tables. XLA's fusion can
+  6 hidden-width and 2 MLP-width arrays (norm inputs and outputs, projections, the SwiGLU's gate and up
+  projections: `qwen.swiglu` saves no more), 5 query-width and 4 kv-width arrays (q, k, v around RoPE and the
+  kernel's operands) and the per-head / per-token statistics of the norms and the kernel; plus the final norm's
+  3 hidden-width arrays, the RoPE tables and the fused LM head's 3 per-token statistics. XLA's fusion can
   only drop some of these, so this is an upper bound of the saved activations. With remat only each layer's
   input survives, plus one layer's residuals while it is recomputed. The loss adds the float32 logits of one
   `logits_chunk`-token chunk and their gradient (transient). Counted at the compute dtype's size; a bf16 run
@@ -154,7 +155,7 @@ def _layer_residuals(cfg: ModelConfig, tokens: int, tensor: int) -> int:
   d, f = cfg.hidden_size, -(-cfg.intermediate_size // tensor)
   n, k = -(-cfg.num_heads // tensor), -(-cfg.num_kv_heads // tensor)
   qo, kv = n * cfg.head_dim, k * cfg.head_dim
-  return tokens * b * (6 * d + 6 * f + 5 * qo + 4 * kv) + tokens * 4 * (3 * n + 2 * k + 4)
+  return tokens * b * (6 * d + 2 * f + 5 * qo + 4 * kv) + tokens * 4 * (3 * n + 2 * k + 4)
 
 
 def residual_bytes(cfg: ModelConfig, tokens: int, *, remat: bool, tensor: int = 1) -> int:
@@ -163,6 +164,7 @@ def residual_bytes(cfg: ModelConfig, tokens: int, *, remat: bool, tensor: int = 
   b = _itemsize(cfg.dtype)
   per_layer = tokens * cfg.hidden_size * b if remat else _layer_residuals(cfg, tokens, tensor)
   final = tokens * b * 3 * cfg.hidden_size + tokens * 4 * 2 + tokens * b * 2 * cfg.head_dim  # final norm; RoPE
+  final += tokens * 4 * 3  # the fused LM head's max, log-sum-exp and mean logit (float32)
   return cfg.num_layers * per_layer + final
 
 

@@ -159,8 +159,46 @@ class Attention(nnx.Module):
     return shard(out, ("batch", "seq", "act_embed")), new_cache
 
 
+@jax.custom_vjp
+def swiglu(x_btd: Float[Array, "B T D"], gate_df: Array, up_df: Array, down_fd: Array) -> Float[Array, "B T D"]:
+  """`down(silu(x @ gate) * (x @ up))` with a hand-written backward pass.
+
+  The derivative is the one autodiff builds (same residuals: x, x @ gate, x @ up), written as one elementwise
+  expression per gradient and plain einsums. Autodiff of `silu(g) * u` on XLA:CPU materialised the silu
+  backward as transposing copies of the `[B*T, F]` gradients (one per gate and up per layer) for the weight
+  products: fwd+bwd of the bench_58m MLP at 2 x 1024 tokens went from ~300 ms to ~210 ms
+  (`tests/models/test_qwen_grad.py` pins the gradients to autodiff's).
+  """
+  return _swiglu_fwd(x_btd, gate_df, up_df, down_fd)[0]
+
+
+def _swiglu_fwd(x_btd, gate_df, up_df, down_fd):
+  gate = jnp.einsum("BTD,DF->BTF", x_btd, gate_df)
+  up = jnp.einsum("BTD,DF->BTF", x_btd, up_df)
+  act_btf = shard(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))
+  out = shard(jnp.einsum("BTF,FD->BTD", act_btf, down_fd), ("batch", "seq", "act_embed"))
+  return out, (x_btd, gate, up, gate_df, up_df, down_fd)
+
+
+def _swiglu_bwd(res, d_out):
+  x, gate, up, gate_df, up_df, down_fd = res
+  sig = jax.nn.sigmoid(gate)
+  silu = gate * sig
+  d_act = shard(jnp.einsum("BTD,FD->BTF", d_out, down_fd), ("batch", "seq", "act_mlp"))
+  d_down = jnp.einsum("BTF,BTD->FD", silu * up, d_out)
+  d_up = d_act * silu
+  d_gate = d_act * up * (sig * (1 + gate * (1 - sig)))  # silu'(g) = s + g s (1 - s)
+  d_x = jnp.einsum("BTF,DF->BTD", d_gate, gate_df) + jnp.einsum("BTF,DF->BTD", d_up, up_df)
+  return (shard(d_x.astype(x.dtype), ("batch", "seq", "act_embed")),
+          jnp.einsum("BTD,BTF->DF", x, d_gate).astype(gate_df.dtype),
+          jnp.einsum("BTD,BTF->DF", x, d_up).astype(up_df.dtype), d_down.astype(down_fd.dtype))
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
 class MLP(nnx.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  """SwiGLU: down(silu(gate(x)) * up(x)) (`swiglu`)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -171,10 +209,7 @@ class MLP(nnx.Module):
 
   def __call__(self, x_btd):
     dt = self.cfg.jnp_dtype
-    gate = jnp.einsum("BTD,DF->BTF", x_btd, self.gate_df[...].astype(dt))
-    up = jnp.einsum("BTD,DF->BTF", x_btd, self.up_df[...].astype(dt))
-    act_btf = shard(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))
-    return shard(jnp.einsum("BTF,FD->BTD", act_btf, self.down_fd[...].astype(dt)), ("batch", "seq", "act_embed"))
+    return swiglu(x_btd, self.gate_df[...].astype(dt), self.up_df[...].astype(dt), self.down_fd[...].astype(dt))
 
 
 class DecoderLayer(nnx.Module):

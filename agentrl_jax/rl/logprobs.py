@@ -6,6 +6,8 @@ and SFT use `token_logprobs_and_entropy_from_hidden`, which fuses the LM head so
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -106,8 +108,9 @@ def token_logprobs_and_entropy_from_hidden(
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
   """Like token_logprobs_and_entropy, but fused with the LM head so [B, T, V] is never materialised.
 
-  Logits of each T-chunk are computed as `hidden @ unembed_dv` (float32 accumulation), reduced to log-prob
-  and entropy, and recomputed in the backward pass: peak memory B*C*V*4 bytes instead of B*T*V.
+  Logits of each T-chunk are computed as `hidden @ unembed_dv` (float32 accumulation) and reduced to log-prob
+  and entropy; the backward pass recomputes each chunk's logits once and forms their gradient in one
+  elementwise pass (a hand-written VJP, `_fused_lm_head`): peak memory B*C*V*4 bytes instead of B*T*V.
 
   Args:
     hidden: [B, T, D] final hidden states (after the final norm), aligned with `tokens`.
@@ -119,11 +122,80 @@ def token_logprobs_and_entropy_from_hidden(
   Returns:
     (logp [B, T], entropy [B, T]), float32.
   """
+  t = hidden.shape[1]
+  if chunk_size is None or chunk_size >= t:
+    chunk_size = t
+  if t % chunk_size:
+    raise ValueError(f"chunk_size {chunk_size} must divide the sequence length {t}")
+  logp, entropy, _ = _fused_lm_head(hidden, unembed_dv, tokens.astype(jnp.int32), float(temperature), chunk_size)
+  return logp, entropy
 
-  def fn(start, size):
-    h = lax.dynamic_slice_in_dim(hidden, start, size, axis=1)
-    tk = lax.dynamic_slice_in_dim(tokens, start, size, axis=1)
-    lg = jnp.einsum("BCD,DV->BCV", h, unembed_dv, preferred_element_type=jnp.float32)
-    return _logp_entropy(lg, tk, temperature)
 
-  return _chunked_over_t(fn, hidden.shape[1], chunk_size)
+def _chunk_logits(h, w, temperature):
+  z = jnp.einsum("BCD,DV->BCV", h, w, preferred_element_type=jnp.float32)
+  return z / temperature if temperature != 1.0 else z
+
+
+def _chunks(x: jax.Array, chunk: int) -> jax.Array:
+  """[B, T, ...] -> [T / C, B, C, ...]."""
+  return jnp.moveaxis(x.reshape(x.shape[0], x.shape[1] // chunk, chunk, *x.shape[2:]), 1, 0)
+
+
+def _unchunks(x: jax.Array) -> jax.Array:
+  """[T / C, B, C, ...] -> [B, T, ...]."""
+  x = jnp.moveaxis(x, 0, 1)
+  return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _fused_lm_head(hidden, unembed_dv, tokens, temperature: float, chunk: int):
+  """(logp, entropy, stats) per token; stats = (max logit, log-sum-exp and mean logit after the shift), which
+  the backward pass reuses. Logits are finite here (a matrix product), so no -inf handling is needed."""
+  return _fused_lm_head_fwd(hidden, unembed_dv, tokens, temperature, chunk)[0]
+
+
+def _fused_lm_head_fwd(hidden, unembed_dv, tokens, temperature, chunk):
+  def one(args):
+    h, tk = args
+    z = _chunk_logits(h, unembed_dv, temperature)
+    z_max = jnp.max(z, axis=-1, keepdims=True)
+    zs = z - z_max  # O(1) lse and E_p[z]: see _logp_entropy
+    e = jnp.exp(zs)
+    total = jnp.sum(e, axis=-1)
+    lse = jnp.log(total)
+    mean_z = jnp.sum(e * zs, axis=-1) / total
+    z_tok = jnp.take_along_axis(zs, tk[..., None], axis=-1)[..., 0]
+    return z_tok - lse, lse - mean_z, (z_max[..., 0], lse, mean_z)
+
+  logp, entropy, stats = lax.map(one, (_chunks(hidden, chunk), _chunks(tokens, chunk)))
+  out = (_unchunks(logp), _unchunks(entropy), jax.tree.map(_unchunks, stats))
+  return out, (hidden, unembed_dv, tokens, out[2])
+
+
+def _fused_lm_head_bwd(temperature, chunk, res, cotangents):
+  """d logp / dz = onehot(token) - p and d entropy / dz = -p (z - E_p[z]), so the logits' gradient is
+  `g_lp onehot - p (g_lp + g_ent (z - E_p[z]))`, one pass over the recomputed chunk; then the two products."""
+  hidden, w, tokens, (z_max, lse, mean_z) = res
+  g_lp, g_ent, _ = cotangents
+  g_lp, g_ent = g_lp.astype(jnp.float32), g_ent.astype(jnp.float32)
+  v = w.shape[-1]
+
+  def one(dw, args):
+    h, tk, m, l, mz, glp, gent = args
+    zs = _chunk_logits(h, w, temperature) - m[..., None]
+    p = jnp.exp(zs - l[..., None])
+    onehot = jnp.arange(v, dtype=jnp.int32) == tk[..., None]
+    dz = jnp.where(onehot, glp[..., None], 0.0) - p * (glp[..., None] + gent[..., None] * (zs - mz[..., None]))
+    if temperature != 1.0:
+      dz = dz / temperature
+    dz = dz.astype(w.dtype)
+    dh = jnp.einsum("BCV,DV->BCD", dz, w, preferred_element_type=jnp.float32).astype(hidden.dtype)
+    dw = dw + jnp.einsum("BCD,BCV->DV", h, dz, preferred_element_type=jnp.float32)
+    return dw, dh
+
+  xs = tuple(_chunks(x, chunk) for x in (hidden, tokens, z_max, lse, mean_z, g_lp, g_ent))
+  dw, dh = lax.scan(one, jnp.zeros(w.shape, jnp.float32), xs)
+  return _unchunks(dh), dw.astype(w.dtype), None
+
+
+_fused_lm_head.defvjp(_fused_lm_head_fwd, _fused_lm_head_bwd)
