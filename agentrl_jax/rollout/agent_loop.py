@@ -215,7 +215,11 @@ def run_rollout(
   resumable = set(tool_end_ids) | ({renderer.im_end} if renderer.im_end is not None else set())
   f_len = sampler.n_forced
   max_cap = bucket(cfg.max_prompt_len, cfg.prompt_bucket_min) + cfg.max_response_len + seg + 1
-  state = sampler.init(min(bucket(cfg.cache_bucket_min, cfg.cache_bucket_min), max_cap), key)
+  # The cache grows in buckets as rows get longer (attention over the xla path reads every slot), or is
+  # allocated at its largest once where attention reads each row's own length (Sampler.fixed_capacity).
+  initial_cap = max_cap if sampler.fixed_capacity else min(bucket(cfg.cache_bucket_min, cfg.cache_bucket_min),
+                                                            max_cap)
+  state = sampler.init(initial_cap, key)
   rows: list[_Row | None] = [None] * b
   queue = collections.deque(range(len(prompts)))
   done: dict[int, Episode] = {}

@@ -76,7 +76,8 @@ def generate(sampler: Sampler, params: nnx.State, prompts: Sequence[Sequence[int
   # t + drawn - 1 tokens (its last draw is pending); a decode call writes one token per further draw.
   capacity = lambda need: max(-(-need // 64) * 64, t)
   need = lambda drawn: t + drawn - 1 + min(seg_len, max_new_tokens - drawn)
-  state = sampler.init(capacity(need(1)), key)
+  # With Sampler.fixed_capacity the largest capacity is allocated once (attention reads each row's own length).
+  state = sampler.init(capacity(t + max_new_tokens + seg_len if sampler.fixed_capacity else need(1)), key)
   state, draw = sampler.prefill_groups(n, params, state, tokens, lengths, slots, budgets, forced)
   first = multihost.to_host(draw)
   rows = len(prompts) * n

@@ -375,6 +375,15 @@ class Sampler:
   grow: Callable[..., SamplingState]
   param_shardings: Any = None
 
+  @property
+  def fixed_capacity(self) -> bool:
+    """True when attention reads each row's own length (`PagedKVCache` with the ragged paged kernel): a larger
+    cache then costs memory, not attention time, so callers allocate the largest capacity they may need once
+    instead of growing it in buckets, and a run compiles one decode and one extend program instead of one per
+    capacity bucket (plus the grows). The memory plan (`models.memory_plan`) sizes the cache for the largest
+    capacity either way."""
+    return self.model_cfg.attention_impl == "ragged_paged"
+
   def place_params(self, params: nnx.State) -> nnx.State:
     """Reshards params onto the sampler's layout when it differs (a no-op when it matches)."""
     if self.param_shardings is None:

@@ -87,13 +87,15 @@ def test_generate_matches_the_xla_path(models):
 
 
 def test_agent_loop_extends_the_paged_cache_as_the_xla_path(models):
-  """Prefill, decode and tool-response extends of several rows at once: same transcripts and log-probs."""
+  """Prefill, decode and tool-response extends of several rows at once: same transcripts and log-probs. The
+  xla path grows its cache in buckets (a decode and an extend program per capacity); the paged cache is
+  allocated once at its largest capacity, so the rollout compiles one decode and one extend program."""
   (g_x, c_x), (g_p, c_p), params = models
   tok = testing.tiny_tokenizer()
   end, tool_end = stop_token_ids(tok)
   sc = SamplingConfig(end_token_ids=end, tool_end_token_ids=tool_end, segment_len=16)
   cfg = RolloutConfig(batch_size=4, segment_len=16, max_prompt_len=64, max_response_len=300, prompt_bucket_min=64,
-                      chunk_len=32, cache_bucket_min=256)
+                      chunk_len=32, cache_bucket_min=32)
   call = lambda code: "<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": code}}) \
       + "\n</tool_call>"  # noqa: E731
   turns = [["Let me compute. " + call("print(1+2)"), "The tool says 3, so \\boxed{3}.<|im_end|>"],
@@ -101,14 +103,17 @@ def test_agent_loop_extends_the_paged_cache_as_the_xla_path(models):
   prompts = [tok.encode(tokenizer_lib.render_chat(tok, [{"role": "user", "content": q}], add_generation_prompt=True),
                         add_special_tokens=False) for q in ("What is 1+2?", "What is 2*3*7?")]
   scripts = [[tok.encode(t, add_special_tokens=False) for t in s] for s in turns]
-  episodes = []
+  episodes, stats = [], []
   for g, c in ((g_x, c_x), (g_p, c_p)):
     ex = stub_executor(lambda code: ExecResult("ok", stdout=f"{eval(code[6:-1])}\n"))  # print(a*b) -> a*b
     sampler = make_sampler(g, c, sc, batch=4, n_forced=64)
-    eps, _ = agent_loop.run_rollout(sampler, params, prompts, n=2, tokenizer=tok, executor=ex, cfg=cfg,
-                                    key=jax.random.key(0), scripts=[s for s in scripts for _ in range(2)])
+    eps, st = agent_loop.run_rollout(sampler, params, prompts, n=2, tokenizer=tok, executor=ex, cfg=cfg,
+                                     key=jax.random.key(0), scripts=[s for s in scripts for _ in range(2)])
     ex.close()
     episodes.append(eps)
+    stats.append(st)
+  assert stats[0].grow_calls >= 2 and stats[0].traces["decode"] >= 3  # xla: buckets
+  assert stats[1].grow_calls == 0 and stats[1].traces["decode"] == 1 and stats[1].traces["extend"] == 1
   for a, b in zip(*episodes):
     assert a.transcript == b.transcript and a.num_tool_calls == b.num_tool_calls >= 1
     np.testing.assert_allclose(b.logp_raw, a.logp_raw, atol=2e-5)
