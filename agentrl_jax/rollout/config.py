@@ -37,7 +37,8 @@ class RolloutConfig:
       of this length, so extend compiles once per cache capacity.
     extend_rows: rows per extend call (default None: batch_size // 8, at least 1); more resuming rows take more
       calls.
-    cache_bucket_min: smallest KV cache capacity; the cache grows in buckets as rows get longer.
+    cache_bucket_min: smallest KV cache capacity; the cache grows in buckets as rows get longer (not with
+      attention_impl="ragged_paged", whose cache is allocated at its largest capacity once: Sampler.fixed_capacity).
     tool_names: tools the model may call.
   """
 
