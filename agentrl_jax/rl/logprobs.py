@@ -127,8 +127,7 @@ def token_logprobs_and_entropy_from_hidden(
     chunk_size = t
   if t % chunk_size:
     raise ValueError(f"chunk_size {chunk_size} must divide the sequence length {t}")
-  logp, entropy, _ = _fused_lm_head(hidden, unembed_dv, tokens.astype(jnp.int32), float(temperature), chunk_size)
-  return logp, entropy
+  return _fused_lm_head(hidden, unembed_dv, tokens.astype(jnp.int32), float(temperature), chunk_size)
 
 
 def _chunk_logits(h, w, temperature):
@@ -149,8 +148,9 @@ def _unchunks(x: jax.Array) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _fused_lm_head(hidden, unembed_dv, tokens, temperature: float, chunk: int):
-  """(logp, entropy, stats) per token; stats = (max logit, log-sum-exp and mean logit after the shift), which
-  the backward pass reuses. Logits are finite here (a matrix product), so no -inf handling is needed."""
+  """(logp, entropy) per token. The forward pass also keeps each token's max logit, log-sum-exp and mean logit
+  after the shift, which the backward pass reuses. Logits are finite here (a matrix product), so no -inf
+  handling is needed."""
   return _fused_lm_head_fwd(hidden, unembed_dv, tokens, temperature, chunk)[0]
 
 
@@ -168,16 +168,14 @@ def _fused_lm_head_fwd(hidden, unembed_dv, tokens, temperature, chunk):
     return z_tok - lse, lse - mean_z, (z_max[..., 0], lse, mean_z)
 
   logp, entropy, stats = lax.map(one, (_chunks(hidden, chunk), _chunks(tokens, chunk)))
-  out = (_unchunks(logp), _unchunks(entropy), jax.tree.map(_unchunks, stats))
-  return out, (hidden, unembed_dv, tokens, out[2])
+  return (_unchunks(logp), _unchunks(entropy)), (hidden, unembed_dv, tokens, jax.tree.map(_unchunks, stats))
 
 
 def _fused_lm_head_bwd(temperature, chunk, res, cotangents):
   """d logp / dz = onehot(token) - p and d entropy / dz = -p (z - E_p[z]), so the logits' gradient is
   `g_lp onehot - p (g_lp + g_ent (z - E_p[z]))`, one pass over the recomputed chunk; then the two products."""
   hidden, w, tokens, (z_max, lse, mean_z) = res
-  g_lp, g_ent, _ = cotangents
-  g_lp, g_ent = g_lp.astype(jnp.float32), g_ent.astype(jnp.float32)
+  g_lp, g_ent = (g.astype(jnp.float32) for g in cotangents)
   v = w.shape[-1]
 
   def one(dw, args):
