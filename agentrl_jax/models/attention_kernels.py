@@ -63,27 +63,44 @@ def _dense_attention_fwd(qg, k, v, mask_bts, scale):
   return out, (qg, k, v, mask_bts, probs, out)
 
 
-def _bmm(a, b):
-  """`[B, K, M, C] x [B, K, C, N] -> [B, K, M, N]`, float32 accumulation."""
-  return jax.lax.dot_general(a, b, (((3,), (2,)), ((0, 1), (0, 1))), preferred_element_type=jnp.float32)
+def bmm(a: Array, b: Array, preferred_element_type=jnp.float32) -> Array:
+  """`[B, K, M, C] x [B, K, C, N] -> [B, K, M, N]`, batched over the rows and kv heads, written with
+  `lax.dot_general` and `a` first (`jnp.einsum` may swap the operands; see `qwen._cached_attention`)."""
+  return jax.lax.dot_general(a, b, (((3,), (2,)), ((0, 1), (0, 1))), preferred_element_type=preferred_element_type)
+
+
+def group_queries(x: Float[Array, "B T K G H"]) -> Float[Array, "B K GT H"]:
+  """Queries (or anything shaped like them) as the rows of one matrix per (row, kv head): `[B, K, G*T, H]`."""
+  b, t, nk, g, h = x.shape
+  return jnp.transpose(x, (0, 2, 3, 1, 4)).reshape(b, nk, g * t, h)
+
+
+def ungroup_queries(x: Float[Array, "B K GT H"], t: int) -> Float[Array, "B T K G H"]:
+  """The inverse of `group_queries`."""
+  b, nk, gt, h = x.shape
+  return jnp.transpose(x.reshape(b, nk, gt // t, t, h), (0, 3, 1, 2, 4))
+
+
+def group_mask(mask_bts: Array, groups: int) -> Array:
+  """A `[B, T, S]` mask laid out as `group_queries` lays out the queries: `[B, 1, G*T, S]`."""
+  b, t, s = mask_bts.shape
+  return jnp.broadcast_to(mask_bts[:, None, None], (b, 1, groups, t, s)).reshape(b, 1, groups * t, s)
 
 
 def _dense_attention_bwd(scale, res, d_out):
   qg, k, v, mask_bts, probs, out = res
   b, t, nk, g, h = qg.shape
   s, dt = k.shape[1], qg.dtype
-  rows = lambda x: jnp.transpose(x, (0, 2, 3, 1, 4)).reshape(b, nk, g * t, h)  # noqa: E731  [B, K, G*T, H]
   cols = lambda x: jnp.transpose(x, (0, 2, 4, 3, 1)).reshape(b, nk, h, g * t)  # noqa: E731  [B, K, H, G*T]
   p = probs.reshape(b, nk, g * t, s)
-  d_o = rows(d_out)
-  d_v_t = _bmm(cols(d_out), p.astype(dt))  # [B, K, H, S]
-  d_p = _bmm(d_o, jnp.transpose(v, (0, 2, 3, 1)))  # [B, K, G*T, S]
-  row = jnp.sum(d_o.astype(jnp.float32) * rows(out).astype(jnp.float32), axis=-1, keepdims=True)
-  keep = jnp.broadcast_to(mask_bts[:, None, None], (b, 1, g, t, s)).reshape(b, 1, g * t, s)
-  d_s = jnp.where(keep, p * (d_p - row) * scale, 0.0).astype(dt)  # softmax backward, masked scores get none
-  d_q = _bmm(d_s, jnp.transpose(k, (0, 2, 1, 3)))  # [B, K, G*T, H]
-  d_k_t = _bmm(cols(qg), d_s)  # [B, K, H, S]
-  d_q = jnp.transpose(d_q.reshape(b, nk, g, t, h), (0, 3, 1, 2, 4)).astype(dt)
+  d_o = group_queries(d_out)
+  d_v_t = bmm(cols(d_out), p.astype(dt))  # [B, K, H, S]
+  d_p = bmm(d_o, jnp.transpose(v, (0, 2, 3, 1)))  # [B, K, G*T, S]
+  row = jnp.sum(d_o.astype(jnp.float32) * group_queries(out).astype(jnp.float32), axis=-1, keepdims=True)
+  # softmax backward; masked scores get none
+  d_s = jnp.where(group_mask(mask_bts, g), p * (d_p - row) * scale, 0.0).astype(dt)
+  d_q = ungroup_queries(bmm(d_s, jnp.transpose(k, (0, 2, 1, 3))), t).astype(dt)
+  d_k_t = bmm(cols(qg), d_s)  # [B, K, H, S]
   return (d_q, jnp.transpose(d_k_t, (0, 3, 1, 2)).astype(k.dtype), jnp.transpose(d_v_t, (0, 3, 1, 2)).astype(v.dtype),
           None)
 

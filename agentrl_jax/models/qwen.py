@@ -65,14 +65,11 @@ def _cached_attention(qg: Float[Array, "B T K G H"], k_t: Float[Array, "B K H S"
   and the query first: `jnp.einsum` may swap the operands, and XLA:CPU then reads the cache through a
   transposed-operand kernel (2-3x slower). Scores and softmax in float32, as in `attention_kernels.dense_attention`.
   """
-  b, t, nk, g, h = qg.shape
-  dims = (((3,), (2,)), ((0, 1), (0, 1)))  # contract dim 3 with dim 2, batch over (B, K)
-  q = jnp.transpose(qg, (0, 2, 3, 1, 4)).reshape(b, nk, g * t, h)
-  scores = jax.lax.dot_general(q, k_t, dims, preferred_element_type=jnp.float32) * scale  # [B, K, G*T, S]
-  keep = jnp.broadcast_to(mask_bts[:, None, None], (b, 1, g, t, mask_bts.shape[-1])).reshape(b, 1, g * t, -1)
+  scores = attention_kernels.bmm(attention_kernels.group_queries(qg), k_t) * scale  # [B, K, G*T, S]
+  keep = attention_kernels.group_mask(mask_bts, qg.shape[3])
   probs = jax.nn.softmax(jnp.where(keep, scores, jnp.finfo(jnp.float32).min), axis=-1).astype(qg.dtype)
-  out = jax.lax.dot_general(probs, v, dims)  # [B, K, G*T, H]
-  return jnp.transpose(out.reshape(b, nk, g, t, h), (0, 3, 1, 2, 4))
+  out = attention_kernels.bmm(probs, v, preferred_element_type=None)  # [B, K, G*T, H]
+  return attention_kernels.ungroup_queries(out, qg.shape[1])
 
 
 def _causal_blocked_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
