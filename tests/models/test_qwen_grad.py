@@ -8,6 +8,14 @@ import pytest
 from agentrl_jax.models import attention_kernels, qwen
 
 
+def _assert_grads_close(grads, grads_ref, rtol):
+  """Same dtypes and shapes; values equal up to rounding, relative to each gradient's scale."""
+  for g, g_ref in zip(grads, grads_ref, strict=True):
+    assert g.dtype == g_ref.dtype and g.shape == g_ref.shape
+    g, g_ref = np.asarray(g, np.float32), np.asarray(g_ref, np.float32)
+    np.testing.assert_allclose(g, g_ref, rtol=0, atol=rtol * np.abs(g_ref).max())
+
+
 def _plain_swiglu(x, gate, up, down):
   return jnp.einsum("BTF,FD->BTD", jax.nn.silu(jnp.einsum("BTD,DF->BTF", x, gate)) * jnp.einsum("BTD,DF->BTF", x, up),
                     down)
@@ -28,11 +36,7 @@ def test_swiglu_gradients_match_autodiff(dtype, rtol):
   value, grads = jax.value_and_grad(loss(qwen.swiglu), argnums=(0, 1, 2, 3))(*args)
   value_ref, grads_ref = jax.value_and_grad(loss(_plain_swiglu), argnums=(0, 1, 2, 3))(*args)
   assert float(value) == float(value_ref)  # the same forward computation
-  for g, g_ref in zip(grads, grads_ref):
-    assert g.dtype == g_ref.dtype and g.shape == g_ref.shape
-    g, g_ref = np.asarray(g, np.float32), np.asarray(g_ref, np.float32)
-    # rounding-level differences only: relative to the gradient's scale
-    np.testing.assert_allclose(g, g_ref, rtol=0, atol=rtol * np.abs(g_ref).max())
+  _assert_grads_close(grads, grads_ref, rtol)
 
 
 def _plain_attention(qg, k, v, mask, scale):
@@ -57,7 +61,4 @@ def test_dense_attention_gradients_match_autodiff(dtype, rtol):
   value, grads = jax.value_and_grad(loss(attention_kernels.dense_attention), argnums=(0, 1, 2))(qg, k, v)
   value_ref, grads_ref = jax.value_and_grad(loss(_plain_attention), argnums=(0, 1, 2))(qg, k, v)
   assert float(value) == float(value_ref)
-  for g_, g_ref in zip(grads, grads_ref):
-    assert g_.dtype == g_ref.dtype and g_.shape == g_ref.shape
-    g_, g_ref = np.asarray(g_, np.float32), np.asarray(g_ref, np.float32)
-    np.testing.assert_allclose(g_, g_ref, rtol=0, atol=rtol * np.abs(g_ref).max())
+  _assert_grads_close(grads, grads_ref, rtol)
