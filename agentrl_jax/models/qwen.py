@@ -64,7 +64,11 @@ def _cached_attention(qg: Float[Array, "B T K G H"], k_t: Float[Array, "B K H S"
   `kv_cache`), so a decode step streams each half of the cache once. They are written with `lax.dot_general`
   and the query first: `jnp.einsum` may swap the operands, and XLA:CPU then reads the cache through a
   transposed-operand kernel (2-3x slower). Scores and softmax in float32, as in `attention_kernels.dense_attention`.
+  A decode step on XLA:CPU (one query per row) takes the multiply-and-reduce form instead
+  (`attention_kernels.single_query_attention`).
   """
+  if qg.shape[1] == 1 and attention_kernels.decode_by_reduction():
+    return attention_kernels.single_query_attention(qg[:, 0], k_t, v, mask_bts[:, 0], scale)[:, None]
   scores = attention_kernels.bmm(attention_kernels.group_queries(qg), k_t) * scale  # [B, K, G*T, S]
   keep = attention_kernels.group_mask(mask_bts, qg.shape[3])
   probs = jax.nn.softmax(jnp.where(keep, scores, jnp.finfo(jnp.float32).min), axis=-1).astype(qg.dtype)

@@ -3,6 +3,7 @@ the XLA path, with packed segments, forward and gradients, on one device and sha
 a kernel chosen on the wrong backend fails with the reason."""
 
 import dataclasses
+import re
 
 from flax import nnx
 import jax
@@ -114,3 +115,39 @@ def test_auto_chooses_splash_on_tpu_only(monkeypatch):
   for backend, want in (("tpu", "splash"), ("gpu", "xla"), ("cpu", "xla")):
     monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
     assert attention_kernels.auto_impl() == want
+
+
+@pytest.mark.parametrize("dtype, tol", [(jnp.float32, 2e-6), (jnp.bfloat16, 2e-2)])
+def test_single_query_attention_matches_the_batched_matmuls(dtype, tol):
+  """The decode step's reduction form (XLA:CPU) computes the batched-matmul form's attention: one query per row
+  and head over a cache with masked (empty or foreign) slots, GQA groups of 2."""
+  b, nk, g, h, s = 3, 2, 2, 16, 40
+  keys = jax.random.split(jax.random.key(0), 3)
+  q = jax.random.normal(keys[0], (b, nk, g, h)).astype(dtype)
+  k_t = jax.random.normal(keys[1], (b, nk, h, s)).astype(dtype)
+  v = jax.random.normal(keys[2], (b, nk, s, h)).astype(dtype)
+  mask = np.arange(s)[None, :] < np.array([[5], [40], [17]])  # rows hold 5, 40, 17 tokens
+  mask[1, 3] = False  # a masked slot inside a row
+  scale = h ** -0.5
+  got = jax.jit(attention_kernels.single_query_attention, static_argnums=4)(q, k_t, v, mask, scale)
+  scores = attention_kernels.bmm(q, k_t) * scale
+  probs = jax.nn.softmax(jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min), -1)
+  want = attention_kernels.bmm(probs, v.astype(jnp.float32))
+  assert got.dtype == dtype
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), atol=tol, rtol=0)
+
+
+def test_cpu_decode_compiler_options_keep_only_ynnpack_reductions():
+  """The decode program's XLA:CPU options are known to this jaxlib and do what they say: dots compile to XLA's
+  own kernels, reductions to YNNPACK fusions (a renamed option would fail here, not slow decode silently)."""
+  def f(x, w):
+    y = x @ w
+    return jnp.max(y, axis=-1), jnp.sum(y, axis=-1)
+
+  x, w = jnp.ones((16, 256)), jnp.ones((256, 1024))
+  lowered = jax.jit(f).lower(x, w)
+  ynn_ops = lambda text: {m.group(1) for m in re.finditer(r"%ynn_fusion[.\d]* = .*?op_name=\"jit\(f\)/(\w+)", text)}  # noqa: E731
+  default = lowered.compile().as_text()  # jaxlib 0.10.2 on AVX2: dot, max and sum all YNNPACK fusions
+  tuned = lowered.compile(compiler_options=attention_kernels.CPU_DECODE_COMPILER_OPTIONS).as_text()
+  assert ynn_ops(tuned) == ynn_ops(default) - {"dot_general"}
+  assert re.search(r"%dot_general[.\d]* = f32\[16,1024\]\{1,0\} dot\(", tuned)
