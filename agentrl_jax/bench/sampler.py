@@ -114,7 +114,7 @@ def make_step_floor(cfg: ModelConfig, batch: int, ctx: int, steps: int = 16, rep
   # faster of the two is the floor.
   runs = [lowered.compile()]
   if attention_kernels.decode_by_reduction():
-    runs.append(lowered.compile(compiler_options=attention_kernels.CPU_DECODE_COMPILER_OPTIONS))
+    runs.append(lowered.compile(compiler_options=attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS))
   for run in runs:
     jax.block_until_ready(run(x0))
   return lambda: min(common.timed(lambda: run(x0)) for _ in range(repeats) for run in runs) / steps

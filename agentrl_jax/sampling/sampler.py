@@ -438,14 +438,15 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
       extend=lambda: g(extend, graphdef, sampling),
       decode=lambda: g(decode, graphdef, sampling),
   )
-  # The decode loop's compiler options: on XLA:CPU, YNNPACK for reductions only (see
-  # `attention_kernels.CPU_DECODE_COMPILER_OPTIONS`); elsewhere the defaults.
-  decode_opts = attention_kernels.CPU_DECODE_COMPILER_OPTIONS if attention_kernels.decode_by_reduction() else None
+  # Compiler options of the programs that step over the cache (decode, extend): on XLA:CPU, YNNPACK for
+  # reductions only (see `attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS`); elsewhere, and for prefill, the
+  # defaults.
+  cached_opts = attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS if attention_kernels.decode_by_reduction() else None
   param_sh = None
   if mesh is None:
     jit_prefill = functools.cache(lambda n: jax.jit(fns["prefill_groups"](n), donate_argnums=(1,)))
-    jit_extend = jax.jit(fns["extend"](), donate_argnums=(1,))
-    jit_decode = jax.jit(fns["decode"](), donate_argnums=(1,), compiler_options=decode_opts)
+    jit_extend = jax.jit(fns["extend"](), donate_argnums=(1,), compiler_options=cached_opts)
+    jit_decode = jax.jit(fns["decode"](), donate_argnums=(1,), compiler_options=cached_opts)
     jit_grow = jax.jit(grow, static_argnums=(1,))  # no donation: the padded cache cannot reuse the smaller buffer
     jit_init = jax.jit(init_state, static_argnums=(0, 1, 2), static_argnames=("forced_len",))
     run = lambda f, *a, **k: f(*a, **k)
@@ -476,9 +477,9 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
 
     jit_extend = jax.jit(fns["extend"](), donate_argnums=(1,),
                          in_shardings=(param_sh, sst, rep, rep, rep, rep, rep, None if not n_forced else rep),
-                         out_shardings=(sst, None))
+                         out_shardings=(sst, None), compiler_options=cached_opts)
     jit_decode = jax.jit(fns["decode"](), donate_argnums=(1,), in_shardings=(param_sh, sst, rep, rep),
-                         out_shardings=(sst, seg_sh()), compiler_options=decode_opts)
+                         out_shardings=(sst, seg_sh()), compiler_options=cached_opts)
     jit_grow = jax.jit(grow, static_argnums=(1,), in_shardings=(sst,), out_shardings=sst)
     jit_init = jax.jit(init_state, static_argnums=(0, 1, 2), static_argnames=("forced_len",), out_shardings=sst)
 

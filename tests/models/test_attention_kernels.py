@@ -148,6 +148,6 @@ def test_cpu_decode_compiler_options_keep_only_ynnpack_reductions():
   lowered = jax.jit(f).lower(x, w)
   ynn_ops = lambda text: {m.group(1) for m in re.finditer(r"%ynn_fusion[.\d]* = .*?op_name=\"jit\(f\)/(\w+)", text)}  # noqa: E731
   default = lowered.compile().as_text()  # jaxlib 0.10.2 on AVX2: dot, max and sum all YNNPACK fusions
-  tuned = lowered.compile(compiler_options=attention_kernels.CPU_DECODE_COMPILER_OPTIONS).as_text()
+  tuned = lowered.compile(compiler_options=attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS).as_text()
   assert ynn_ops(tuned) == ynn_ops(default) - {"dot_general"}
   assert re.search(r"%dot_general[.\d]* = f32\[16,1024\]\{1,0\} dot\(", tuned)

@@ -179,22 +179,25 @@ def test_donated_state_is_consumed():
 
 
 @pytest.mark.parametrize("sharded", [False, True])
-def test_decode_compiles_with_the_cpu_decode_options(monkeypatch, sharded):
-  """The decode loop, and only it, is compiled with `attention_kernels.CPU_DECODE_COMPILER_OPTIONS` on CPU (one
-  device and under a mesh): an option XLA rejects reaches the decode compile and no other."""
+def test_cached_steps_compile_with_the_cpu_sampler_options(monkeypatch, sharded):
+  """Decode and extend, not prefill, are compiled with `attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS` on CPU
+  (one device and under a mesh): an option XLA rejects reaches those two compiles and no other."""
   model = testing.tiny_model(seed=1)
   graphdef, params = nnx.split(model)
-  monkeypatch.setattr(attention_kernels, "CPU_DECODE_COMPILER_OPTIONS",
+  monkeypatch.setattr(attention_kernels, "CPU_SAMPLER_COMPILER_OPTIONS",
                       {"xla_cpu_experimental_ynn_fusion_type": "NOT_A_FUSION_TYPE"})
   mesh = sharding.make_mesh(data=1, fsdp=2, tensor=1, devices=jax.devices()[:2]) if sharded else None
   sampler = make_sampler(graphdef, model.cfg, SamplingConfig(segment_len=4), batch=2, mesh=mesh, params=params)
   params = sampler.place_params(params)
   state = sampler.init(32, jax.random.key(0))
   tokens, lengths = np.ones((2, 16), np.int32), np.array([5, 7], np.int32)
-  state, _ = sampler.prefill_groups(1, params, state, tokens, lengths, np.arange(2, dtype=np.int32),
-                                    np.array([4, 4], np.int32), None)
+  rows, budgets = np.arange(2, dtype=np.int32), np.array([4, 4], np.int32)
+  state, _ = sampler.prefill_groups(1, params, state, tokens, lengths, rows, budgets, None)
   with pytest.raises(Exception, match="NOT_A_FUSION_TYPE"):
     sampler.decode(params, state, jnp.int32(4), jnp.int32(1))
+  state = sampler.init(32, jax.random.key(0))  # the failed call consumed the donated state
+  with pytest.raises(Exception, match="NOT_A_FUSION_TYPE"):
+    sampler.extend(params, state, rows, tokens, lengths, np.ones(2, bool), budgets, None)
 
 
 def test_sharded_sampler_matches_single_device():
