@@ -146,7 +146,8 @@ def test_cpu_decode_compiler_options_keep_only_ynnpack_reductions():
 
   x, w = jnp.ones((16, 256)), jnp.ones((256, 1024))
   lowered = jax.jit(f).lower(x, w)
-  ynn_ops = lambda text: {m.group(1) for m in re.finditer(r"%ynn_fusion[.\d]* = .*?op_name=\"jit\(f\)/(\w+)", text)}  # noqa: E731
+  fusion = re.compile(r"%ynn_fusion[.\d]* = .*?op_name=\"jit\(f\)/(\w+)")  # a YNNPACK fusion and its op
+  ynn_ops = lambda text: {m.group(1) for m in fusion.finditer(text)}  # noqa: E731
   default = lowered.compile().as_text()  # jaxlib 0.10.2 on AVX2: dot, max and sum all YNNPACK fusions
   tuned = lowered.compile(compiler_options=attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS).as_text()
   assert ynn_ops(tuned) == ynn_ops(default) - {"dot_general"}
