@@ -35,16 +35,35 @@ def _logp_entropy(logits: Float[Array, "*N V"], tokens: Int[Array, "*N"], temper
   return z_tok - lse, entropy
 
 
-def _chunked_over_t(fn, t: int, chunk_size: int | None):
-  """Runs fn(start, size) -> (a [B, C], b [B, C]) over T in chunks, rematerialising each chunk's backward."""
+def _chunk_len(t: int, chunk_size: int | None) -> int:
+  """The chunk length over T: all of T when `chunk_size` is None or covers it, else `chunk_size`, which must
+  divide T."""
   if chunk_size is None or chunk_size >= t:
-    return fn(0, t)
+    return t
   if t % chunk_size:
     raise ValueError(f"chunk_size {chunk_size} must divide the sequence length {t}")
-  body = jax.checkpoint(lambda i: fn(i * chunk_size, chunk_size))
-  a, b = lax.map(body, jnp.arange(t // chunk_size))  # [N, B, C] each
-  unchunk = lambda x: jnp.moveaxis(x, 0, 1).reshape(x.shape[1], t)  # noqa: E731
-  return unchunk(a), unchunk(b)
+  return chunk_size
+
+
+def _chunks(x: jax.Array, chunk: int) -> jax.Array:
+  """[B, T, ...] -> [T / C, B, C, ...]."""
+  return jnp.moveaxis(x.reshape(x.shape[0], x.shape[1] // chunk, chunk, *x.shape[2:]), 1, 0)
+
+
+def _unchunks(x: jax.Array) -> jax.Array:
+  """[T / C, B, C, ...] -> [B, T, ...]."""
+  x = jnp.moveaxis(x, 0, 1)
+  return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
+
+
+def _chunked_over_t(fn, t: int, chunk_size: int | None):
+  """Runs fn(start, size) -> (a [B, C], b [B, C]) over T in chunks, rematerialising each chunk's backward."""
+  chunk = _chunk_len(t, chunk_size)
+  if chunk == t:
+    return fn(0, t)
+  body = jax.checkpoint(lambda i: fn(i * chunk, chunk))
+  a, b = lax.map(body, jnp.arange(t // chunk))  # [N, B, C] each
+  return _unchunks(a), _unchunks(b)
 
 
 def token_logprobs_and_entropy(
@@ -122,28 +141,13 @@ def token_logprobs_and_entropy_from_hidden(
   Returns:
     (logp [B, T], entropy [B, T]), float32.
   """
-  t = hidden.shape[1]
-  if chunk_size is None or chunk_size >= t:
-    chunk_size = t
-  if t % chunk_size:
-    raise ValueError(f"chunk_size {chunk_size} must divide the sequence length {t}")
-  return _fused_lm_head(hidden, unembed_dv, tokens.astype(jnp.int32), float(temperature), chunk_size)
+  chunk = _chunk_len(hidden.shape[1], chunk_size)
+  return _fused_lm_head(hidden, unembed_dv, tokens.astype(jnp.int32), float(temperature), chunk)
 
 
 def _chunk_logits(h, w, temperature):
   z = jnp.einsum("BCD,DV->BCV", h, w, preferred_element_type=jnp.float32)
   return z / temperature if temperature != 1.0 else z
-
-
-def _chunks(x: jax.Array, chunk: int) -> jax.Array:
-  """[B, T, ...] -> [T / C, B, C, ...]."""
-  return jnp.moveaxis(x.reshape(x.shape[0], x.shape[1] // chunk, chunk, *x.shape[2:]), 1, 0)
-
-
-def _unchunks(x: jax.Array) -> jax.Array:
-  """[T / C, B, C, ...] -> [B, T, ...]."""
-  x = jnp.moveaxis(x, 0, 1)
-  return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
