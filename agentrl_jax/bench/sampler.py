@@ -113,8 +113,8 @@ def make_step_floor(cfg: ModelConfig, batch: int, ctx: int, steps: int = 16, rep
   # Compiled as XLA:CPU does by default and as our decode program is (YNNPACK for reductions only): the
   # faster of the two is the floor.
   runs = [lowered.compile()]
-  if attention_kernels.decode_by_reduction():
-    runs.append(lowered.compile(compiler_options=attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS))
+  if (options := attention_kernels.sampler_compiler_options()) is not None:
+    runs.append(lowered.compile(compiler_options=options))
   for run in runs:
     jax.block_until_ready(run(x0))
   return lambda: min(common.timed(lambda: run(x0)) for _ in range(repeats) for run in runs) / steps

@@ -66,15 +66,21 @@ def _dense_attention_fwd(qg, k, v, mask_bts, scale):
 # XLA:CPU compiler options of the sampler's programs that step over the KV cache, decode and extend
 # (`sampling.sampler.make_sampler`), with `decode_by_reduction`. jaxlib hands a program's dots and reductions to
 # YNNPACK by default; at decode shapes (a handful of rows against a weight matrix) YNNPACK's dots are 3-20x slower
-# than XLA's own (bench_5m, B=16, one step: LM head [16, 256] x [256, 4096] 556 -> 26 us, MLP
-# [16, 256] x [256, 768] ~200 -> ~60 us), while its reductions are fast. Keeping YNNPACK for reductions only, and writing decode
-# attention as reductions (its batched dots are then XLA's, 2x slower than YNNPACK's), a decode step takes,
-# alternating in one process (median of 8-14 calls of 64 steps): bench_5m B=16 3.70 -> 3.39 ms, bench_58m B=16
-# 27.0 -> 23.5 ms, bench_5m B=64 at capacity 512 23.6 -> 20.7 ms and at 1024 38.6 -> 36.4 ms. Either change alone
-# gains nothing or loses. Extend (a tool response appended to a few rows) gains too: its time in bench.rollout's
-# round, 4.3-4.6 -> 3.8-4.0 s over 43 calls. Training and prefill keep the defaults (the update step, thousands of
-# rows, measured 6.0-6.6 s either way and compiles 30% faster with YNNPACK's dots).
+# than XLA's own (bench_5m, B=16, one step: LM head [16,256]x[256,4096] 556 -> 26 us, MLP [16,256]x[256,768] ~200
+# -> ~60 us), while its reductions are fast. Keeping YNNPACK for reductions only, and writing decode attention as
+# reductions (its batched dots are then XLA's, 2x slower than YNNPACK's), a decode step takes, alternating in one
+# process (median of 8-14 calls of 64 steps): bench_5m B=16 3.70 -> 3.39 ms, bench_58m B=16 27.0 -> 23.5 ms,
+# bench_5m B=64 at capacity 512 23.6 -> 20.7 ms and at 1024 38.6 -> 36.4 ms. Either change alone gains nothing or
+# loses. Extend (a tool response appended to a few rows) gains too: its time in bench.rollout's round, 4.3-4.6 ->
+# 3.8-4.0 s over 43 calls. Training and prefill keep the defaults (the update step, thousands of rows, measured
+# 6.0-6.6 s either way and compiles 30% faster with YNNPACK's dots).
 CPU_SAMPLER_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
+
+
+def sampler_compiler_options() -> dict[str, str] | None:
+  """Compiler options of the sampler's decode and extend programs on the default backend:
+  `CPU_SAMPLER_COMPILER_OPTIONS` where `decode_by_reduction`, else None (XLA's defaults)."""
+  return CPU_SAMPLER_COMPILER_OPTIONS if decode_by_reduction() else None
 
 
 def decode_by_reduction() -> bool:

@@ -441,7 +441,7 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
   # Compiler options of the programs that step over the cache (decode, extend): on XLA:CPU, YNNPACK for
   # reductions only (see `attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS`); elsewhere, and for prefill, the
   # defaults.
-  cached_opts = attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS if attention_kernels.decode_by_reduction() else None
+  cached_opts = attention_kernels.sampler_compiler_options()
   param_sh = None
   if mesh is None:
     jit_prefill = functools.cache(lambda n: jax.jit(fns["prefill_groups"](n), donate_argnums=(1,)))
