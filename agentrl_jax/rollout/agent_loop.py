@@ -217,8 +217,11 @@ def run_rollout(
   max_cap = bucket(cfg.max_prompt_len, cfg.prompt_bucket_min) + cfg.max_response_len + seg + 1
   # The cache grows in buckets as rows get longer (attention over the xla path reads every slot), or is
   # allocated at its largest once where attention reads each row's own length (Sampler.fixed_capacity).
-  initial_cap = max_cap if sampler.fixed_capacity else min(bucket(cfg.cache_bucket_min, cfg.cache_bucket_min),
-                                                            max_cap)
+  # It starts at the bucket its first decode call needs (the first wave's padded prompts, or their longest
+  # prompt plus a segment), so no grow program is built and run before the first token.
+  first = [len(prompts[i]) for i in range(min(b // n, len(prompts), cfg.groups_per_prefill))] or [0]
+  first_need = max(bucket(max(first), cfg.prompt_bucket_min), max(first) + seg)
+  initial_cap = max_cap if sampler.fixed_capacity else min(bucket(first_need, cfg.cache_bucket_min), max_cap)
   state = sampler.init(initial_cap, key)
   rows: list[_Row | None] = [None] * b
   queue = collections.deque(range(len(prompts)))

@@ -89,6 +89,18 @@ def test_scripted_three_turn_episode(env):
   assert stats.prefilled_tokens == len(prompt) + int((ep.loss_mask == 0).sum())
 
 
+def test_cache_starts_at_the_capacity_the_first_decode_needs(env):
+  """The first wave's padded prompt (64) outgrows cache_bucket_min (32): the cache is made at the capacity the
+  first decode call needs instead of being made smaller and grown (one grow program and copy fewer)."""
+  tok = env[0]
+  prompt, turns = prompt_ids(tok), ["The answer is \\boxed{3}.<|im_end|>"]
+  (ep,), stats = rollout(env, [prompt], [turns], cfg=CFG.replace(cache_bucket_min=32))
+  assert stats.grow_calls == 0 and "grow" not in stats.traces
+  (ref,), _ = rollout(env, [prompt], [turns])  # capacity 512 from the start
+  assert ep.transcript == ref.transcript
+  np.testing.assert_allclose(ep.logp_raw, ref.logp_raw, atol=2e-5)
+
+
 def test_extended_cache_matches_full_forward(env):
   """Every model token's log-prob, drawn from the cache after prefill + decode + tool-response extends, equals
   that of one fresh forward over the whole transcript."""
