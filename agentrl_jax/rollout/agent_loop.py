@@ -216,13 +216,10 @@ def run_rollout(
   f_len = sampler.n_forced
   max_cap = bucket(cfg.max_prompt_len, cfg.prompt_bucket_min) + cfg.max_response_len + seg + 1
   # The cache grows in buckets as rows get longer (attention over the xla path reads every slot), or is
-  # allocated at its largest once where attention reads each row's own length (Sampler.fixed_capacity).
-  # It starts at the bucket its first decode call needs (the first wave's padded prompts, or their longest
-  # prompt plus a segment), so no grow program is built and run before the first token.
-  first = [len(prompts[i]) for i in range(min(b // n, len(prompts), cfg.groups_per_prefill))] or [0]
-  first_need = max(bucket(max(first), cfg.prompt_bucket_min), max(first) + seg)
-  initial_cap = max_cap if sampler.fixed_capacity else min(bucket(first_need, cfg.cache_bucket_min), max_cap)
-  state = sampler.init(initial_cap, key)
+  # allocated at its largest once where attention reads each row's own length (Sampler.fixed_capacity). It is
+  # made by the first `ensure_capacity` (the first prefill's), at the bucket that call needs, so no grow program
+  # is built and run before the first token.
+  state = None
   rows: list[_Row | None] = [None] * b
   queue = collections.deque(range(len(prompts)))
   done: dict[int, Episode] = {}
@@ -239,10 +236,14 @@ def run_rollout(
 
   def ensure_capacity(need: int):
     nonlocal state
-    if need > state.capacity:
-      cap = min(bucket(need, cfg.cache_bucket_min), max_cap)
-      if cap < need:
-        raise AssertionError(f"cache capacity {cap} < {need} tokens")  # budgets make this unreachable
+    if state is not None and need <= state.capacity:
+      return
+    cap = max_cap if sampler.fixed_capacity else min(bucket(need, cfg.cache_bucket_min), max_cap)
+    if cap < need:
+      raise AssertionError(f"cache capacity {cap} < {need} tokens")  # budgets make this unreachable
+    if state is None:
+      state = sampler.init(cap, key)
+    else:
       state = sampler.grow(state, cap)
       stats.grow_calls += 1
 
@@ -355,7 +356,8 @@ def run_rollout(
         used.append(slot)
         if forced is not None:
           forced[j * n + s] = forced_row(ep, 0)
-    ensure_capacity(t)
+    # The prompt bucket, and a segment past the longest prompt: the decode call that follows needs that much.
+    ensure_capacity(max(t, int(lengths.max()) + seg))
     state, draw = sampler.prefill_groups(n, params, state, tokens, lengths, slots, budgets, forced)
     stats.prefill_calls += 1
     stats.padded_prefill_tokens += gp * t
