@@ -194,10 +194,13 @@ def auto_impl() -> str:
 
 
 def splash_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
-                     segment_ids: Int[Array, "B T"], scale: float, *, interpret: bool = False
+                     segment_ids: Int[Array, "B T"] | None, scale: float, *, interpret: bool = False
                      ) -> Float[Array, "B T K G H"]:
-  """Causal attention within packed segments through the splash kernel (see module docstring)."""
+  """Causal attention within packed segments (None: one sequence per row) through the splash kernel (see module
+  docstring)."""
   b, t, nk, g, h = qg.shape
+  if segment_ids is None:
+    segment_ids = jnp.zeros((b, t), jnp.int32)
   kernel, segment_cls = _splash_kernel(g, t, splash_block(t), interpret)
 
   def local(qg, k, v, seg):
@@ -222,12 +225,21 @@ def splash_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], 
 
 
 def cudnn_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
-                    mask_bts: Array, scale: float, *, implementation: str = "cudnn") -> Float[Array, "B T K G H"]:
-  """`jax.nn.dot_product_attention` on `[B, T, N, H]` queries and `[B, T, K, H]` keys (GQA natively), with the
-  causal + segment mask; `implementation="xla"` runs the same call on any backend (the parity tests)."""
+                    segment_ids: Int[Array, "B T"] | None, scale: float, *, implementation: str = "cudnn"
+                    ) -> Float[Array, "B T K G H"]:
+  """Causal attention through `jax.nn.dot_product_attention` on `[B, T, N, H]` queries and `[B, T, K, H]` keys
+  (GQA natively); `implementation="xla"` runs the same call on any backend (the parity tests).
+
+  The causal part is cuDNN's own mask type (`is_causal`), so the kernel skips the blocks above the diagonal and
+  reads no mask. Packed rows (`segment_ids` given) add the segment mask, which cuDNN takes as a dense `[B, 1, T, T]`
+  additive bias (read in the forward and backward passes, and a bias gradient computed and dropped); unpacked rows
+  (the RL update and scoring: one right-padded sequence per row, `segment_ids=None`) need none, since a
+  real token never attends to the padding after it.
+  """
   b, t, nk, g, h = qg.shape
   q = qg.reshape(b, t, nk * g, h)
-  out = jax.nn.dot_product_attention(q, k, v, mask=mask_bts[:, None], scale=scale, implementation=implementation)
+  mask = None if segment_ids is None else (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
+  out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=True, implementation=implementation)
   return out.reshape(b, t, nk, g, h)
 
 

@@ -114,7 +114,8 @@ class Attention(nnx.Module):
   def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, cache_lengths=None, segment_ids=None,
                chunk_lengths=None):
     """Returns `(out [B, T, D], the layer's cache arrays or None)`; `rope_cs` is `rope_angles` of the positions.
-    `segment_ids` `[B, T]` (no cache) feed the fused kernels, which build the causal + segment mask themselves.
+    `segment_ids` `[B, T]` (no cache; None: one sequence per row) feed the fused kernels, which build the causal +
+    segment mask themselves.
 
     Without a cache, keys are this chunk's own (S = T). With one (`(k, v)` of a `KVCache`, or `(kv,)` of a
     `PagedKVCache`), the chunk's keys/values are first written at slots `cache_lengths[b] + t`, then the
@@ -150,7 +151,7 @@ class Attention(nnx.Module):
     elif cfg.attention_impl in ("splash", "ragged_paged"):
       out = attention_kernels.splash_attention(qg, k, v, segment_ids, scale, interpret=cfg.attention_interpret)
     elif cfg.attention_impl == "cudnn":
-      out = attention_kernels.cudnn_attention(qg, k, v, mask_bts, scale)
+      out = attention_kernels.cudnn_attention(qg, k, v, segment_ids, scale)
     elif cfg.attention_block and t > cfg.attention_block:
       out = _causal_blocked_attention(qg, k, v, mask_bts, scale, cfg.attention_block)
     else:
@@ -284,7 +285,7 @@ class Qwen(nnx.Module):
       mask = jnp.broadcast_to(mask, (b, t, t))
       if cfg.attention_impl != "xla":
         attention_kernels.check_backend(cfg.attention_impl, cfg.attention_interpret)
-        segs = jnp.zeros((b, t), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+        segs = None if segment_ids is None else segment_ids.astype(jnp.int32)
     else:
       if positions is not None or segment_ids is not None:
         raise ValueError("positions/segment_ids are implied by the cache; do not pass them in cache mode")

@@ -3,6 +3,7 @@ the XLA path, with packed segments, forward and gradients, on one device and sha
 a kernel chosen on the wrong backend fails with the reason."""
 
 import dataclasses
+import functools
 import re
 
 from flax import nnx
@@ -29,10 +30,12 @@ def _batch():
   return tokens, segments, positions
 
 
-def _loss_and_grads(cfg, params_seed=1, mesh=None):
+def _loss_and_grads(cfg, params_seed=1, mesh=None, packed=True):
   model = testing.tiny_model(cfg, seed=params_seed)
   graphdef, params = nnx.split(model)
   tokens, segments, positions = _batch()
+  if not packed:
+    segments, positions = None, None
 
   def loss(params):
     logits, _ = nnx.merge(graphdef, params)(tokens, positions=positions, segment_ids=segments)
@@ -53,6 +56,11 @@ def xla_reference():
   return _loss_and_grads(ModelConfig.tiny_qwen3(attention_block=64))
 
 
+@pytest.fixture(scope="module")
+def xla_unpacked():
+  return _loss_and_grads(ModelConfig.tiny_qwen3(attention_block=64), packed=False)
+
+
 def _close(got, want, tol):
   value, logits, grads = got
   np.testing.assert_allclose(value, want[0], rtol=tol)
@@ -66,6 +74,12 @@ def test_splash_kernel_matches_xla_with_packed_segments(xla_reference):
   _close(_loss_and_grads(cfg), xla_reference, 2e-5)
 
 
+def test_splash_kernel_matches_xla_on_unpacked_rows(xla_unpacked):
+  """No segment ids (one sequence per row): the kernel gets one segment per row."""
+  cfg = ModelConfig.tiny_qwen3(attention_impl="splash", attention_interpret=True)
+  _close(_loss_and_grads(cfg, packed=False), xla_unpacked, 2e-5)
+
+
 def test_splash_kernel_sharded_over_batch_and_kv_heads(xla_reference):
   """fsdp=2 x tensor=2 (rows and kv heads split): the kernel runs per shard under shard_map."""
   cfg = ModelConfig.tiny_qwen3(attention_impl="splash", attention_interpret=True)
@@ -73,20 +87,38 @@ def test_splash_kernel_sharded_over_batch_and_kv_heads(xla_reference):
   _close(_loss_and_grads(cfg, mesh=mesh), xla_reference, 2e-5)
 
 
-def test_cudnn_call_matches_xla_attention():
-  """The cuDNN path's call (layout, GQA, scale, causal + segment mask) with implementation='xla', which any
-  backend runs, against the model's own dense attention."""
+@pytest.mark.parametrize("packed", [True, False])
+def test_cudnn_call_matches_xla_attention(packed):
+  """The cuDNN path's call (layout, GQA, scale, cuDNN's causal mask type + the segment mask of packed rows) with
+  implementation='xla', which any backend runs, against the model's own dense attention."""
   rng = np.random.default_rng(1)
   b, t, nk, g, h = 2, 32, 2, 2, 16
   qg = jnp.asarray(rng.standard_normal((b, t, nk, g, h)), jnp.float32)
   k, v = (jnp.asarray(rng.standard_normal((b, t, nk, h)), jnp.float32) for _ in range(2))
   seg = np.zeros((b, t), np.int32)
-  seg[0, 20:] = 1
+  if packed:
+    seg[0, 20:] = 1
   idx = np.arange(t)
   mask = jnp.asarray((idx[None, :, None] >= idx[None, None, :]) & (seg[:, :, None] == seg[:, None, :]))
   want = attention_kernels.dense_attention(qg, k, v, mask, h ** -0.5)
-  got = attention_kernels.cudnn_attention(qg, k, v, mask, h ** -0.5, implementation="xla")
+  got = attention_kernels.cudnn_attention(qg, k, v, jnp.asarray(seg) if packed else None, h ** -0.5,
+                                          implementation="xla")
   np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_the_model_feeds_the_cudnn_path_its_segments(monkeypatch, xla_reference, xla_unpacked, packed):
+  """The model's cudnn wiring, forward and gradients: packed rows pass their segment ids, unpacked rows (the RL
+  update, scoring) pass none, so the call needs no mask; the call itself runs with implementation='xla'."""
+  monkeypatch.setattr(attention_kernels, "check_backend", lambda *a, **k: None)
+  monkeypatch.setattr(attention_kernels, "cudnn_attention",
+                      functools.partial(attention_kernels.cudnn_attention, implementation="xla"))
+  seen = []
+  call = attention_kernels.cudnn_attention
+  monkeypatch.setattr(attention_kernels, "cudnn_attention", lambda *a, **k: seen.append(a[3] is None) or call(*a, **k))
+  want = xla_reference if packed else xla_unpacked
+  _close(_loss_and_grads(ModelConfig.tiny_qwen3(attention_impl="cudnn"), packed=packed), want, 2e-5)
+  assert seen and set(seen) == {not packed}
 
 
 @pytest.mark.parametrize("impl", ["splash", "cudnn"])
