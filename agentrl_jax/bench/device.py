@@ -9,7 +9,10 @@ Prints one JSON line per part:
            step: `roofline_frac` = ideal / measured), MFU against the chip's bf16 peak;
   update   the GRPO-TCR update (`rl.update.make_update_fn`, token-mean clip-higher loss, remat as the recipe)
            on `update_rows` x `update_seq` tokens: tokens/s and MFU (PaLM's 6N + 12LHT FLOPs per token);
-both with compile seconds and programs (JAX's compile events during the first call), peak device memory where
+both also against the ceilings measured in the same run (`measured_peaks`: a bf16 matmul's FLOP/s and an
+elementwise pass's bytes/s, as `mfu_measured_peak` / `roofline_frac_measured_bw`; datasheet peaks are rarely
+reached, e.g. ~790 of 989 TFLOP/s on an H200), all for the mesh's devices together, with the JAX version, the
+compile seconds and programs (JAX's compile events during the first call), peak device memory where
 the backend reports it, the device kind and the attention implementation (`--attention`, default "auto": the
 splash kernel on TPU, XLA's blocked attention elsewhere; "ragged_paged" on a TPU also decodes over a paged
 cache through the ragged paged attention kernel, where the others read the cache through the XLA path).
@@ -41,7 +44,8 @@ CHIPS = (("H200", 989e12, 4.8e12), ("H100", 989e12, 3.35e12), ("A100", 312e12, 2
 
 # --smoke: the shapes of a CPU run of both parts in seconds (later flags still override them).
 SMOKE = ("--size", "tiny_qwen3", "--dtype", "float32", "--rows", "4", "--prompt", "16", "--new", "8", "--segment", "8",
-         "--update-rows", "2", "--update-seq", "32", "--rounds", "1", "--devices", "1")
+         "--update-rows", "2", "--update-seq", "32", "--rounds", "1", "--devices", "1", "--peak-n", "256",
+         "--copy-mib", "16")
 
 
 def chip_specs(kind: str) -> tuple[float | None, float | None]:
@@ -50,6 +54,28 @@ def chip_specs(kind: str) -> tuple[float | None, float | None]:
     if name.lower() in kind.lower():
       return peak, bw
   return None, None
+
+
+def measured_peaks(n: int, copy_mib: int, dtype) -> dict:
+  """The chip's ceilings measured in this run (DESIGN.md's method): the best FLOP/s of an [n, n] x [n, n] matmul in
+  `dtype`, and the best bytes/s of an elementwise pass over `copy_mib` MiB (each byte read once and written once)."""
+  flops = common.matmul_peak_flops(n, dtype=jnp.dtype(dtype))
+  x = jnp.zeros((copy_mib * 2**20 // 4,), jnp.float32)
+  bump = jax.jit(lambda x: x + 1.0)
+  jax.block_until_ready(bump(x))
+  copy_s = min(common.timed(lambda: bump(x)) for _ in range(5))
+  return {"measured_matmul_flops": flops, "measured_copy_bytes_s": 2 * x.nbytes / copy_s}
+
+
+def _n(args) -> int:
+  """Devices of the benchmark's mesh."""
+  return len(jax.devices()[:args.devices or None])
+
+
+def _chips(args) -> tuple[float | None, float | None]:
+  """The datasheet FLOP/s and bytes/s of the mesh's chips together (None for an unknown kind)."""
+  peak, bw = chip_specs(jax.devices()[0].device_kind)
+  return (peak * _n(args) if peak else None), (bw * _n(args) if bw else None)
 
 
 def _peak_memory() -> int | None:
@@ -71,7 +97,7 @@ def _compiled(first: dict) -> dict:
           "first_call_s": first["wall_s"]}
 
 
-def bench_sampler(cfg: ModelConfig, mesh, args) -> dict:
+def bench_sampler(cfg: ModelConfig, mesh, args, peaks: dict) -> dict:
   from flax import nnx
 
   from agentrl_jax.sampling import generate as generate_lib
@@ -95,16 +121,19 @@ def bench_sampler(cfg: ModelConfig, mesh, args) -> dict:
   assert all(len(t) == args.new for t in out.tokens)
   sec = statistics.median(times)
   step_s = sec / args.new
-  peak, bw = chip_specs(jax.devices()[0].device_kind)
-  ideal = (sum(decode_bytes(cfg, args.rows, args.prompt + i) for i in range(args.new)) / args.new / bw) if bw else None
+  peak, bw = _chips(args)
+  step_bytes = sum(decode_bytes(cfg, args.rows, args.prompt + i) for i in range(args.new)) / args.new
+  ideal = step_bytes / bw if bw else None
   flops = 2.0 * common.matmul_params(cfg) * args.rows * args.new
   return {"part": "sampler", "tok_s": args.rows * args.new / sec, "step_ms": step_s * 1e3,
           "roofline_frac": ideal / step_s if ideal else None, "ideal_step_ms": ideal * 1e3 if ideal else None,
-          "mfu": flops / sec / peak if peak else None, **_compiled(first), "rows": args.rows,
-          "prompt": args.prompt, "new": args.new}
+          "roofline_frac_measured_bw": step_bytes / (peaks["measured_copy_bytes_s"] * _n(args)) / step_s,
+          "mfu": flops / sec / peak if peak else None,
+          "mfu_measured_peak": flops / sec / (peaks["measured_matmul_flops"] * _n(args)),
+          **_compiled(first), "rows": args.rows, "prompt": args.prompt, "new": args.new}
 
 
-def bench_update(cfg: ModelConfig, mesh, args) -> dict:
+def bench_update(cfg: ModelConfig, mesh, args, peaks: dict) -> dict:
   from agentrl_jax.rl import losses
   from agentrl_jax.rl import update as update_lib
 
@@ -132,10 +161,12 @@ def bench_update(cfg: ModelConfig, mesh, args) -> dict:
     jax.block_until_ready(m)
     times.append(time.perf_counter() - t0)
   sec = statistics.median(times)
-  peak, _ = chip_specs(jax.devices()[0].device_kind)
+  peak, _ = _chips(args)
   flops = common.train_flops_per_token(cfg, t) * b * t
   return {"part": "update", "tok_s": b * t / sec, "step_s": sec, "mfu": flops / sec / peak if peak else None,
-          **_compiled(first), "rows": b, "seq": t, "loss": float(m["loss"])}
+          "mfu_measured_peak": flops / sec / (peaks["measured_matmul_flops"] * _n(args)), **_compiled(first),
+          "rows": b, "seq": t,
+          "loss": float(m["loss"])}
 
 
 def main(argv=None) -> list[dict]:
@@ -153,6 +184,8 @@ def main(argv=None) -> list[dict]:
   ap.add_argument("--parts", default="sampler,update")
   ap.add_argument("--devices", type=int, default=0, help="devices of the (fsdp) mesh; 0 = all")
   ap.add_argument("--attention", default="auto", help="attention_impl: auto, xla, splash, cudnn or ragged_paged")
+  ap.add_argument("--peak-n", type=int, default=8192, help="matmul size of the in-run FLOP/s peak")
+  ap.add_argument("--copy-mib", type=int, default=4096, help="MiB of the in-run memory-bandwidth pass")
   ap.add_argument("--smoke", action="store_true", help="tiny shapes in float32 (any backend; the test suite)")
   args = ap.parse_args(argv)
   if args.smoke:
@@ -162,11 +195,13 @@ def main(argv=None) -> list[dict]:
   devices = jax.devices()[:args.devices or None]
   mesh = sharding_lib.make_mesh(1, -1, 1, devices=devices)
   device = {"device_kind": devices[0].device_kind, "devices": len(devices), "backend": jax.default_backend(),
+            "jax": jax.__version__,
             "attention": impl, "size": args.size, "dtype": args.dtype, "params": cfg.param_count()}
+  peaks = measured_peaks(args.peak_n, args.copy_mib, args.dtype)
   out = []
   for part in args.parts.split(","):
-    result = {"sampler": bench_sampler, "update": bench_update}[part](cfg, mesh, args)
-    result.update(device, peak_memory_bytes=_peak_memory())
+    result = {"sampler": bench_sampler, "update": bench_update}[part](cfg, mesh, args, peaks)
+    result.update(device, **peaks, peak_memory_bytes=_peak_memory())
     print(json.dumps(result), flush=True)
     out.append(result)
   return out

@@ -1,6 +1,7 @@
 """The prepared accelerator benchmark at a tiny size on the CPU: both parts run and print consistent fields; the
 chip table and the decode roofline's byte count are checked by hand."""
 
+import jax
 import pytest
 
 from agentrl_jax.bench import device
@@ -33,4 +34,8 @@ def test_tiny_run_prints_both_parts(capsys):
   assert sampler["attention"] == "xla" and update["device_kind"] == "cpu"
   for part in out:  # compile work of the first call, from JAX's compile events
     assert part["compiled_programs"] > 0 and 0 < part["compile_s"] < part["first_call_s"]
+    # against the ceilings measured in the run (no datasheet for a CPU)
+    assert part["measured_matmul_flops"] > 0 and part["measured_copy_bytes_s"] > 0 and part["mfu_measured_peak"] > 0
+    assert part["jax"] == jax.__version__
+  assert sampler["roofline_frac_measured_bw"] > 0
   assert len(capsys.readouterr().out.strip().splitlines()) == 2
