@@ -54,6 +54,9 @@ fi
 # The 4B update holds float32 params, AdamW moments and gradients (~64 GB) next to the activations.
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-1}"
+# A rerun on the same host (after a timed-out case, say) loads the programs the first run compiled; the JSON
+# lines count those loads (`compile_cache_hits`), so a cold start and a rerun are told apart.
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/agentrl_jax_device_bench_cache}"
 
 backend="$("$py" -c 'import jax; print(jax.default_backend())' 2>>"$logf")" || {
   echo "device_bench: python cannot import jax (see $logf)" >&2; exit 1; }

@@ -94,7 +94,7 @@ def decode_bytes(cfg: ModelConfig, rows: int, context: int) -> float:
 
 def _compiled(first: dict) -> dict:
   return {"compile_s": first["compile"].compile_s, "compiled_programs": first["compile"].programs,
-          "first_call_s": first["wall_s"]}
+          "compile_cache_hits": first["compile"].cache_hits, "first_call_s": first["wall_s"]}
 
 
 def bench_sampler(cfg: ModelConfig, mesh, args, peaks: dict) -> dict:
