@@ -8,7 +8,8 @@
   leave VMEM and blocks above the diagonal, or across packed segments, are skipped. One MQA kernel per kv head
   serves its group of query heads (GQA without repeating keys). Under a mesh it runs per shard (`shard_map`
   over the batch and kv-head axes, as the kernel is not partitionable by GSPMD). `attention_interpret=True`
-  runs it in Pallas interpret mode, so the CPU tests check it against `xla`.
+  runs it in Pallas interpret mode, so the CPU tests check it against `xla`; they also export the model's
+  gradient for a TPU through the real forward and backward kernels, on one chip and per shard.
 * `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")`, cuDNN's flash attention on NVIDIA GPUs.
 * `ragged_paged`: splash as above without a cache, and every pass over the KV cache (decode, extend after a
   tool call, prefill) through the TPU ragged paged attention kernel
