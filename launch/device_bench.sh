@@ -12,11 +12,11 @@
 #   bash launch/device_bench.sh --smoke          # tiny shapes in float32 on any backend (the test suite)
 #
 # Cases (one process each, so one failing or timed-out case does not lose the others' lines):
-#   1. both parts with attention "auto" (splash on TPU, the XLA path elsewhere);
-#   2. GPU only: the update again with cuDNN's flash attention (`--attention cudnn`);
-#   3. TPU only: the sampler again decoding over the paged cache (`--attention ragged_paged`).
-# CASE_TIMEOUT (seconds, default 300) bounds each case; PYTHON picks the interpreter (default python3).
-# Extra arguments go to every case (e.g. `--rounds 3`).
+#   1. the sampler and 2. the update step, with attention "auto" (splash on TPU, the XLA path elsewhere);
+#   3. GPU only: the update with cuDNN's flash attention (`--attention cudnn`);
+#   3. TPU only: the sampler decoding over the paged cache (`--attention ragged_paged`).
+# CASE_TIMEOUT (seconds, default 180) bounds each case, so the three fit a 10-minute call on a lent machine with
+# its start; PYTHON picks the interpreter (default python3). Extra arguments go to every case (`--rounds 3`).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -63,7 +63,8 @@ backend="$("$py" -c 'import jax; print(jax.default_backend())' 2>>"$logf")" || {
 "$py" -c 'import jax, flax; print("device_bench: jax", jax.__version__, "flax", flax.__version__, jax.devices())' \
   2>>"$logf" | tee -a "$logf"
 
-cases=("--attention auto")
+cases=("--parts sampler --attention auto" "--parts update --attention auto")
+[ "$smoke" = 1 ] && cases=("--attention auto")  # both parts in one process: the test suite's time
 if [ "$smoke" = 0 ] && [ "$backend" = gpu ]; then cases+=("--parts update --attention cudnn"); fi
 if [ "$smoke" = 0 ] && [ "$backend" = tpu ]; then cases+=("--parts sampler --attention ragged_paged"); fi
 
@@ -71,7 +72,7 @@ failed=0
 for c in "${cases[@]}"; do
   echo "device_bench: case $c $*" | tee -a "$logf"
   # shellcheck disable=SC2086  # a case is several flags
-  timeout "${CASE_TIMEOUT:-300}" "$py" -m agentrl_jax.bench.device $c "$@" 2>>"$logf" | tee -a "$jsonl"
+  timeout "${CASE_TIMEOUT:-180}" "$py" -m agentrl_jax.bench.device $c "$@" 2>>"$logf" | tee -a "$jsonl"
   rc=${PIPESTATUS[0]}
   if [ "$rc" != 0 ]; then
     failed=1
