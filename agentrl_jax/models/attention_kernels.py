@@ -197,16 +197,16 @@ def auto_impl() -> str:
 def splash_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
                      segment_ids: Int[Array, "B T"] | None, scale: float, *, interpret: bool = False
                      ) -> Float[Array, "B T K G H"]:
-  """Causal attention within packed segments (None: one sequence per row) through the splash kernel (see module
-  docstring)."""
+  """Causal attention within packed segments through the splash kernel (see module docstring); with
+  `segment_ids=None` (one sequence per row) the kernel's causal mask alone, without loading or comparing ids."""
   b, t, nk, g, h = qg.shape
-  if segment_ids is None:
-    segment_ids = jnp.zeros((b, t), jnp.int32)
   kernel, segment_cls = _splash_kernel(g, t, splash_block(t), interpret)
 
   def local(qg, k, v, seg):
     q = jnp.transpose(qg * jnp.asarray(scale, qg.dtype), (0, 2, 3, 1, 4))  # [B, K, G, T, H]
     kt, vt = jnp.transpose(k, (0, 2, 1, 3)), jnp.transpose(v, (0, 2, 1, 3))  # [B, K, T, H]
+    if seg is None:
+      return jnp.transpose(jax.vmap(jax.vmap(kernel))(q, kt, vt), (0, 3, 1, 2, 4)).astype(qg.dtype)
     one = lambda q, k, v, s: kernel(q, k, v, segment_ids=segment_cls(q=s, kv=s))  # noqa: E731  [G, T, H]
     per_head = jax.vmap(one, in_axes=(0, 0, 0, None))
     out = jax.vmap(per_head, in_axes=(0, 0, 0, 0))(q, kt, vt, seg)  # [B, K, G, T, H]
@@ -220,8 +220,9 @@ def splash_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], 
   batch = sharding_lib.logical_to_spec(("batch",), (b,), mesh)[0]
   heads = sharding_lib.logical_to_spec(("act_kv_heads",), (nk,), mesh)[0]
   spec = jax.P(batch, None, heads, None, None)
+  seg_spec = None if segment_ids is None else jax.P(batch, None)
   return jax.shard_map(local, mesh=mesh, in_specs=(spec, jax.P(batch, None, heads, None),
-                                                   jax.P(batch, None, heads, None), jax.P(batch, None)),
+                                                   jax.P(batch, None, heads, None), seg_spec),
                        out_specs=spec, check_vma=False)(qg, k, v, segment_ids)
 
 

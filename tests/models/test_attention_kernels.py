@@ -80,20 +80,23 @@ def test_splash_kernel_matches_xla_on_unpacked_rows(xla_unpacked):
   _close(_loss_and_grads(cfg, packed=False), xla_unpacked, 2e-5)
 
 
-def test_splash_kernel_sharded_over_batch_and_kv_heads(xla_reference):
+@pytest.mark.parametrize("packed", [True, False])
+def test_splash_kernel_sharded_over_batch_and_kv_heads(xla_reference, xla_unpacked, packed):
   """fsdp=2 x tensor=2 (rows and kv heads split): the kernel runs per shard under shard_map."""
   cfg = ModelConfig.tiny_qwen3(attention_impl="splash", attention_interpret=True)
   mesh = sharding_lib.make_mesh(data=1, fsdp=2, tensor=2, devices=jax.devices()[:4])
-  _close(_loss_and_grads(cfg, mesh=mesh), xla_reference, 2e-5)
+  _close(_loss_and_grads(cfg, mesh=mesh, packed=packed), xla_reference if packed else xla_unpacked, 2e-5)
 
 
-def _tpu_gradient_module(cfg, mesh_shape):
-  """The gradient of a loss through the model on 4 x 256 packed tokens, exported for TPU v5e chips on an abstract
-  `(data, fsdp, tensor)` mesh (StableHLO text): what the update step differentiates, lowered from this CPU host."""
+def _tpu_gradient_module(cfg, mesh_shape, packed):
+  """The gradient of a loss through the model on 4 x 256 tokens (packed or not), exported for TPU v5e chips on an
+  abstract `(data, fsdp, tensor)` mesh (StableHLO text): what the update step differentiates, lowered from this CPU
+  host."""
   from jax._src import mesh as mesh_lib  # AbstractDevice: the TPU target
 
   graphdef, params = nnx.split(nnx.eval_shape(lambda: testing.tiny_model(cfg)))
-  tokens = segments = jax.ShapeDtypeStruct((4, 256), jnp.int32)
+  tokens = jax.ShapeDtypeStruct((4, 256), jnp.int32)
+  segments = tokens if packed else None
 
   def loss(params, tokens, segments):
     logits, _ = nnx.merge(graphdef, params)(tokens, segment_ids=segments)
@@ -106,14 +109,17 @@ def _tpu_gradient_module(cfg, mesh_shape):
 
 
 @pytest.mark.parametrize("mesh_shape", [(1, 1, 1), (1, 2, 2)])
-def test_the_gradient_lowers_for_tpu_through_the_splash_kernels(mesh_shape):
+@pytest.mark.parametrize("packed", [True, False])
+def test_the_gradient_lowers_for_tpu_through_the_splash_kernels(mesh_shape, packed):
   """The real kernel (not interpret mode) on its target: the forward and both backward splash kernels are in the
-  exported program; on a 2 x 2 mesh they run per shard (shard_map's manual computation)."""
+  exported program, their segmented variants only for packed rows; on a 2 x 2 mesh they run per shard
+  (shard_map's manual computation)."""
   cfg = ModelConfig.tiny_qwen3(head_dim=128, dtype="bfloat16", attention_impl="splash")
-  text = _tpu_gradient_module(cfg, mesh_shape)
+  text = _tpu_gradient_module(cfg, mesh_shape, packed)
   kernels = set(re.findall(r'kernel_name = "([^"]+)"', text))
-  assert kernels == {"splash_mqa_fwd_segmented_residuals", "splash_mqa_dq_segmented_no_residuals",
-                     "splash_mqa_dkv_segmented_no_residuals"}
+  seg = "_segmented" if packed else ""
+  assert kernels == {f"splash_mqa_fwd{seg}_residuals", f"splash_mqa_dq{seg}_no_residuals",
+                     f"splash_mqa_dkv{seg}_no_residuals"}
   assert ("sdy.manual_computation" in text) == (mesh_shape != (1, 1, 1))
 
 
