@@ -30,7 +30,9 @@ pin_of() { grep -iE "^$1==" requirements.txt | head -1; }
 if [ "${1:-}" = "--fetch-wheels" ]; then
   mkdir -p "$wheels"
   specs=(); for p in "${pins[@]}"; do specs+=("$(pin_of "$p")"); done
-  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "${WHEEL_PY:-3.12}" -d "$wheels" "${specs[@]}"
+  fpy="${PYTHON:-}"  # any pip will do: the project's venv where there is one
+  [ -n "$fpy" ] || { [ -x .venv/bin/python ] && fpy=.venv/bin/python || fpy=python3; }
+  "$fpy" -m pip download -q --no-deps --only-binary=:all: --python-version "${WHEEL_PY:-3.12}" -d "$wheels" "${specs[@]}"
   ls -1 "$wheels"
   exit $?
 fi
