@@ -1,5 +1,6 @@
 """The update step on 8 fake CPU devices (fsdp=4 x tensor=2) equals the single-device step; the qwen3_4b
-update step and log-prob pass lower (AOT, abstract shapes, no compile) on the same mesh."""
+update step and log-prob pass lower (AOT, abstract shapes, no compile) on the same mesh, and the update step
+exports for a TPU slice of that shape through the splash kernels."""
 
 import jax
 import jax.numpy as jnp
@@ -102,3 +103,31 @@ def test_qwen3_4b_update_lowers_on_fsdp_tensor_mesh():
   logprobs = update_lib.make_logprobs_fn(graphdef, shardings.params, mesh, micro_batch_size=8)
   lowered = logprobs.lower(abstract.params, {"tokens": batch["tokens"]})
   assert lowered.out_info.shape == (b, t)
+
+
+def test_qwen3_4b_update_exports_for_a_tpu_slice_through_splash():
+  """The recipe's update step as a TPU run builds it (Qwen3-4B, bf16, remat, splash attention, 16 x 8192 tokens
+  on fsdp=4 x tensor=2 TPU v5e chips), exported from this CPU host: it traces and lowers through the real splash
+  kernels (the non-segmented ones: RL rows are one sequence each), run per shard."""
+  import re
+
+  from jax._src import mesh as mesh_lib  # AbstractDevice: the TPU target
+
+  cfg = ModelConfig.qwen3_4b(param_dtype="bfloat16", dtype="bfloat16", remat=True, attention_impl="splash")
+  tpu = mesh_lib.AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
+  mesh = jax.sharding.AbstractMesh((1, 4, 2), ("data", "fsdp", "tensor"), abstract_device=tpu)
+  opt_cfg = update_lib.OptimizerConfig()
+  with jax.sharding.use_abstract_mesh(mesh):
+    graphdef, abstract = update_lib.abstract_train_state(cfg, opt_cfg, mesh)
+    update = update_lib.make_update_fn(graphdef, update_lib.train_state_shardings(abstract, mesh), losses.LossConfig(),
+                                       opt_cfg, mesh, micro_batch_size=4, logits_chunk_size=1024)
+    bs = update_lib.batch_sharding(mesh)
+    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=bs)  # noqa: E731
+    b, t = 16, 8192
+    batch = {"tokens": spec((b, t), jnp.int32), "loss_mask": spec((b, t), jnp.bool_),
+             "advantages": spec((b,), jnp.float32), "old_logp": spec((b, t), jnp.float32)}
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    text = jax.export.export(update, platforms=["tpu"])(abstract, batch, rng).mlir_module()
+  assert set(re.findall(r'kernel_name = "([^"]+)"', text)) == {
+      "splash_mqa_fwd_residuals", "splash_mqa_dq_no_residuals", "splash_mqa_dkv_no_residuals"}
+  assert "sdy.manual_computation" in text
