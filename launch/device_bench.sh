@@ -32,8 +32,8 @@ if [ "${1:-}" = "--fetch-wheels" ]; then
   specs=(); for p in "${pins[@]}"; do specs+=("$(pin_of "$p")"); done
   fpy="${PYTHON:-}"  # any pip will do: the project's venv where there is one
   [ -n "$fpy" ] || { [ -x .venv/bin/python ] && fpy=.venv/bin/python || fpy=python3; }
-  "$fpy" -m pip download -q --no-deps --only-binary=:all: --python-version "${WHEEL_PY:-3.12}" -d "$wheels" "${specs[@]}" \
-    || { echo "device_bench: pip could not fetch ${specs[*]}" >&2; exit 1; }
+  "$fpy" -m pip download -q --no-deps --only-binary=:all: --python-version "${WHEEL_PY:-3.12}" -d "$wheels" \
+    "${specs[@]}" || { echo "device_bench: pip could not fetch ${specs[*]}" >&2; exit 1; }
   ls -1 "$wheels"
   exit 0
 fi

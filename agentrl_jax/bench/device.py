@@ -165,8 +165,7 @@ def bench_update(cfg: ModelConfig, mesh, args, peaks: dict) -> dict:
   flops = common.train_flops_per_token(cfg, t) * b * t
   return {"part": "update", "tok_s": b * t / sec, "step_s": sec, "mfu": flops / sec / peak if peak else None,
           "mfu_measured_peak": flops / sec / (peaks["measured_matmul_flops"] * _n(args)), **_compiled(first),
-          "rows": b, "seq": t,
-          "loss": float(m["loss"])}
+          "rows": b, "seq": t, "loss": float(m["loss"])}
 
 
 def main(argv=None) -> list[dict]:
@@ -195,8 +194,8 @@ def main(argv=None) -> list[dict]:
   devices = jax.devices()[:args.devices or None]
   mesh = sharding_lib.make_mesh(1, -1, 1, devices=devices)
   device = {"device_kind": devices[0].device_kind, "devices": len(devices), "backend": jax.default_backend(),
-            "jax": jax.__version__,
-            "attention": impl, "size": args.size, "dtype": args.dtype, "params": cfg.param_count()}
+            "jax": jax.__version__, "attention": impl, "size": args.size, "dtype": args.dtype,
+            "params": cfg.param_count()}
   peaks = measured_peaks(args.peak_n, args.copy_mib, args.dtype)
   out = []
   for part in args.parts.split(","):

@@ -234,9 +234,9 @@ def cudnn_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], v
 
   The causal part is cuDNN's own mask type (`is_causal`), so the kernel skips the blocks above the diagonal and
   reads no mask. Packed rows (`segment_ids` given) add the segment mask, which cuDNN takes as a dense `[B, 1, T, T]`
-  additive bias (read in the forward and backward passes, and a bias gradient computed and dropped); unpacked rows
-  (the RL update and scoring: one right-padded sequence per row, `segment_ids=None`) need none, since a
-  real token never attends to the padding after it.
+  additive bias (read in the forward and backward passes, and a bias gradient computed and dropped); rows of one
+  sequence each (the RL update and scoring, `segment_ids=None`) need none: the model's mask for them is causal
+  alone on every path.
   """
   b, t, nk, g, h = qg.shape
   q = qg.reshape(b, t, nk * g, h)
