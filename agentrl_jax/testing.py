@@ -9,6 +9,7 @@ import atexit
 import functools
 import json
 import os
+import re
 import shutil
 import tempfile
 
@@ -105,7 +106,8 @@ def random_tokens(key, batch: int, length: int, vocab: int) -> jax.Array:
 
 
 __all__ = ["tiny_tokenizer", "tiny_tokenizer_dir", "tiny_model", "jit_forward", "save_random_hf_checkpoint", "load_hf_torch",
-           "hf_logits", "random_tokens", "hf_io", "launch_main", "latest_checkpoint_state", "load_config"]
+           "hf_logits", "random_tokens", "hf_io", "launch_main", "latest_checkpoint_state", "load_config", "tpu_mesh",
+           "tpu_kernel_names"]
 
 
 def launch_main(flags: list[str], workdir, *, log_path=None, cache_dir=None):
@@ -142,6 +144,21 @@ def latest_checkpoint_state(checkpoint_dir):
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     state, meta = ckpt.restore(checkpoint.abstract_state(shapes, jax.tree.map(lambda _: device, shapes)))
   return step, jax.tree.map(np.asarray, state), meta
+
+
+def tpu_mesh(shape: tuple[int, ...] = (1,), axes: tuple[str, ...] = ("data",),
+             device_kind: str = "TPU v5 lite") -> jax.sharding.AbstractMesh:
+  """An abstract mesh of TPU chips. Under `jax.sharding.use_abstract_mesh(tpu_mesh(...))`,
+  `jax.export(f, platforms=["tpu"])` lowers `f` for a TPU slice from any host (the TPU kernels' lowering tests)."""
+  from jax._src import mesh as mesh_lib  # AbstractDevice has no public name
+
+  device = mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=1, platform="tpu")
+  return jax.sharding.AbstractMesh(shape, axes, abstract_device=device)
+
+
+def tpu_kernel_names(mlir_text: str) -> set[str]:
+  """The Pallas TPU kernels a lowered module (StableHLO text) calls."""
+  return set(re.findall(r'kernel_name = "([^"]+)"', mlir_text))
 
 
 def load_config(name: str, arg: str | None = None, **overrides):

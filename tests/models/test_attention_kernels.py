@@ -3,7 +3,6 @@ the XLA path, with packed segments, forward and gradients, on one device and sha
 a kernel chosen on the wrong backend fails with the reason."""
 
 import dataclasses
-import functools
 import re
 
 from flax import nnx
@@ -92,8 +91,6 @@ def _tpu_gradient_module(cfg, mesh_shape, packed):
   """The gradient of a loss through the model on 4 x 256 tokens (packed or not), exported for TPU v5e chips on an
   abstract `(data, fsdp, tensor)` mesh (StableHLO text): what the update step differentiates, lowered from this CPU
   host."""
-  from jax._src import mesh as mesh_lib  # AbstractDevice: the TPU target
-
   graphdef, params = nnx.split(nnx.eval_shape(lambda: testing.tiny_model(cfg)))
   tokens = jax.ShapeDtypeStruct((4, 256), jnp.int32)
   segments = tokens if packed else None
@@ -102,9 +99,7 @@ def _tpu_gradient_module(cfg, mesh_shape, packed):
     logits, _ = nnx.merge(graphdef, params)(tokens, segment_ids=segments)
     return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
 
-  tpu = mesh_lib.AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
-  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh(mesh_shape, ("data", "fsdp", "tensor"),
-                                                                abstract_device=tpu)):
+  with jax.sharding.use_abstract_mesh(testing.tpu_mesh(mesh_shape, ("data", "fsdp", "tensor"))):
     return jax.export.export(jax.jit(jax.grad(loss)), platforms=["tpu"])(params, tokens, segments).mlir_module()
 
 
@@ -116,9 +111,8 @@ def test_the_gradient_lowers_for_tpu_through_the_splash_kernels(mesh_shape, pack
   (shard_map's manual computation)."""
   cfg = ModelConfig.tiny_qwen3(head_dim=128, dtype="bfloat16", attention_impl="splash")
   text = _tpu_gradient_module(cfg, mesh_shape, packed)
-  kernels = set(re.findall(r'kernel_name = "([^"]+)"', text))
   seg = "_segmented" if packed else ""
-  assert kernels == {f"splash_mqa_fwd{seg}_residuals", f"splash_mqa_dq{seg}_no_residuals",
+  assert testing.tpu_kernel_names(text) == {f"splash_mqa_fwd{seg}_residuals", f"splash_mqa_dq{seg}_no_residuals",
                      f"splash_mqa_dkv{seg}_no_residuals"}
   assert ("sdy.manual_computation" in text) == (mesh_shape != (1, 1, 1))
 
@@ -147,11 +141,10 @@ def test_the_model_feeds_the_cudnn_path_its_segments(monkeypatch, xla_reference,
   """The model's cudnn wiring, forward and gradients: packed rows pass their segment ids, unpacked rows (the RL
   update, scoring) pass none, so the call needs no mask; the call itself runs with implementation='xla'."""
   monkeypatch.setattr(attention_kernels, "check_backend", lambda *a, **k: None)
-  monkeypatch.setattr(attention_kernels, "cudnn_attention",
-                      functools.partial(attention_kernels.cudnn_attention, implementation="xla"))
   seen = []
   call = attention_kernels.cudnn_attention
-  monkeypatch.setattr(attention_kernels, "cudnn_attention", lambda *a, **k: seen.append(a[3] is None) or call(*a, **k))
+  monkeypatch.setattr(attention_kernels, "cudnn_attention",
+                      lambda *a, **k: seen.append(a[3] is None) or call(*a, implementation="xla", **k))
   want = xla_reference if packed else xla_unpacked
   _close(_loss_and_grads(ModelConfig.tiny_qwen3(attention_impl="cudnn"), packed=packed), want, 2e-5)
   assert seen and set(seen) == {not packed}

@@ -11,7 +11,6 @@ import json
 
 from flax import nnx
 import jax
-from jax._src import mesh as mesh_lib  # AbstractDevice: the TPU target of the lowering test
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
 import jax.numpy as jnp
 import numpy as np
@@ -143,8 +142,7 @@ def _tpu_decode_module(cfg):
   state = jax.eval_shape(lambda: sampler_lib.init_state(cfg, 8, 64, jax.random.key(0)))
   fn = jax.jit(lambda p, s: sampler_lib.decode(graphdef, SamplingConfig(segment_len=4), p, s, jnp.int32(4),
                                                jnp.int32(1)))
-  tpu = mesh_lib.AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
-  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("data",), abstract_device=tpu)):
+  with jax.sharding.use_abstract_mesh(testing.tpu_mesh()):
     return jax.export.export(fn, platforms=["tpu"])(params, state).mlir_module()
 
 

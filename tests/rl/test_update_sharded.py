@@ -72,6 +72,17 @@ def test_sharded_update_matches_single_device():
   assert max(diffs) <= 1e-5, max(diffs)
 
 
+def _qwen3_4b_batch(mesh):
+  """Abstract inputs of one recipe-sized update step: 16 sequences of 8192 tokens, sharded as the trainer's
+  batches, and the step's key."""
+  bs = update_lib.batch_sharding(mesh)
+  spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=bs)  # noqa: E731
+  b, t = 16, 8192
+  batch = {"tokens": spec((b, t), jnp.int32), "loss_mask": spec((b, t), jnp.bool_),
+           "advantages": spec((b,), jnp.float32), "old_logp": spec((b, t), jnp.float32)}
+  return batch, jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+
+
 def test_qwen3_4b_update_lowers_on_fsdp_tensor_mesh():
   """AOT lowering only (no compile, no memory): bf16 params, per-layer remat, 4 sequences of 8192 tokens per
   micro-batch (one per fsdp shard), 16 per mini-batch, on data=1 x fsdp=4 x tensor=2."""
@@ -83,12 +94,8 @@ def test_qwen3_4b_update_lowers_on_fsdp_tensor_mesh():
   shardings = update_lib.train_state_shardings(abstract, mesh)
   update = update_lib.make_update_fn(graphdef, shardings, losses.LossConfig(), opt_cfg, mesh, micro_batch_size=4,
                                      logits_chunk_size=1024)
-  bs = update_lib.batch_sharding(mesh)
-  b, t = 16, 8192
-  spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=bs)  # noqa: E731
-  batch = {"tokens": spec((b, t), jnp.int32), "loss_mask": spec((b, t), jnp.bool_),
-           "advantages": spec((b,), jnp.float32), "old_logp": spec((b, t), jnp.float32)}
-  rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+  batch, rng = _qwen3_4b_batch(mesh)
+  b, t = batch["tokens"].shape
   lowered = update.lower(abstract, batch, rng)
   text = lowered.as_text()
   assert '{"fsdp"}, {"tensor"}' in text  # e.g. gate_df [D, F] -> (fsdp, tensor)
@@ -109,25 +116,15 @@ def test_qwen3_4b_update_exports_for_a_tpu_slice_through_splash():
   """The recipe's update step as a TPU run builds it (Qwen3-4B, bf16, remat, splash attention, 16 x 8192 tokens
   on fsdp=4 x tensor=2 TPU v5e chips), exported from this CPU host: it traces and lowers through the real splash
   kernels (the non-segmented ones: RL rows are one sequence each), run per shard."""
-  import re
-
-  from jax._src import mesh as mesh_lib  # AbstractDevice: the TPU target
-
   cfg = ModelConfig.qwen3_4b(param_dtype="bfloat16", dtype="bfloat16", remat=True, attention_impl="splash")
-  tpu = mesh_lib.AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
-  mesh = jax.sharding.AbstractMesh((1, 4, 2), ("data", "fsdp", "tensor"), abstract_device=tpu)
+  mesh = testing.tpu_mesh((1, 4, 2), ("data", "fsdp", "tensor"))
   opt_cfg = update_lib.OptimizerConfig()
   with jax.sharding.use_abstract_mesh(mesh):
     graphdef, abstract = update_lib.abstract_train_state(cfg, opt_cfg, mesh)
     update = update_lib.make_update_fn(graphdef, update_lib.train_state_shardings(abstract, mesh), losses.LossConfig(),
                                        opt_cfg, mesh, micro_batch_size=4, logits_chunk_size=1024)
-    bs = update_lib.batch_sharding(mesh)
-    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=bs)  # noqa: E731
-    b, t = 16, 8192
-    batch = {"tokens": spec((b, t), jnp.int32), "loss_mask": spec((b, t), jnp.bool_),
-             "advantages": spec((b,), jnp.float32), "old_logp": spec((b, t), jnp.float32)}
-    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    batch, rng = _qwen3_4b_batch(mesh)
     text = jax.export.export(update, platforms=["tpu"])(abstract, batch, rng).mlir_module()
-  assert set(re.findall(r'kernel_name = "([^"]+)"', text)) == {
+  assert testing.tpu_kernel_names(text) == {
       "splash_mqa_fwd_residuals", "splash_mqa_dq_no_residuals", "splash_mqa_dkv_no_residuals"}
   assert "sdy.manual_computation" in text
