@@ -61,10 +61,12 @@ export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-1}"
 # lines count those loads (`compile_cache_hits`), so a cold start and a rerun are told apart.
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/agentrl_jax_device_bench_cache}"
 
-backend="$("$py" -c 'import jax; print(jax.default_backend())' 2>>"$logf")" || {
-  echo "device_bench: python cannot import jax (see $logf)" >&2; exit 1; }
-"$py" -c 'import jax, flax; print("device_bench: jax", jax.__version__, "flax", flax.__version__, jax.devices())' \
-  2>>"$logf" | tee -a "$logf"
+# One interpreter start (initialising an accelerator takes seconds): the versions for the log, then the backend.
+info="$("$py" -c 'import jax, flax
+print("device_bench: jax", jax.__version__, "flax", flax.__version__, jax.devices())
+print(jax.default_backend())' 2>>"$logf")" || { echo "device_bench: python cannot import jax (see $logf)" >&2; exit 1; }
+echo "${info%$'\n'*}" | tee -a "$logf"
+backend="${info##*$'\n'}"
 
 cases=("--parts sampler --attention auto" "--parts update --attention auto")
 [ "$smoke" = 1 ] && cases=("--attention auto")  # both parts in one process: the test suite's time

@@ -67,15 +67,10 @@ def measured_peaks(n: int, copy_mib: int, dtype) -> dict:
   return {"measured_matmul_flops": flops, "measured_copy_bytes_s": 2 * x.nbytes / copy_s}
 
 
-def _n(args) -> int:
-  """Devices of the benchmark's mesh."""
-  return len(jax.devices()[:args.devices or None])
-
-
-def _chips(args) -> tuple[float | None, float | None]:
+def _chips(mesh) -> tuple[float | None, float | None]:
   """The datasheet FLOP/s and bytes/s of the mesh's chips together (None for an unknown kind)."""
   peak, bw = chip_specs(jax.devices()[0].device_kind)
-  return (peak * _n(args) if peak else None), (bw * _n(args) if bw else None)
+  return (peak * mesh.size if peak else None), (bw * mesh.size if bw else None)
 
 
 def _peak_memory() -> int | None:
@@ -121,15 +116,15 @@ def bench_sampler(cfg: ModelConfig, mesh, args, peaks: dict) -> dict:
   assert all(len(t) == args.new for t in out.tokens)
   sec = statistics.median(times)
   step_s = sec / args.new
-  peak, bw = _chips(args)
+  peak, bw = _chips(mesh)
   step_bytes = sum(decode_bytes(cfg, args.rows, args.prompt + i) for i in range(args.new)) / args.new
   ideal = step_bytes / bw if bw else None
   flops = 2.0 * common.matmul_params(cfg) * args.rows * args.new
   return {"part": "sampler", "tok_s": args.rows * args.new / sec, "step_ms": step_s * 1e3,
           "roofline_frac": ideal / step_s if ideal else None, "ideal_step_ms": ideal * 1e3 if ideal else None,
-          "roofline_frac_measured_bw": step_bytes / (peaks["measured_copy_bytes_s"] * _n(args)) / step_s,
+          "roofline_frac_measured_bw": step_bytes / (peaks["measured_copy_bytes_s"] * mesh.size) / step_s,
           "mfu": flops / sec / peak if peak else None,
-          "mfu_measured_peak": flops / sec / (peaks["measured_matmul_flops"] * _n(args)),
+          "mfu_measured_peak": flops / sec / (peaks["measured_matmul_flops"] * mesh.size),
           **_compiled(first), "rows": args.rows, "prompt": args.prompt, "new": args.new}
 
 
@@ -161,10 +156,10 @@ def bench_update(cfg: ModelConfig, mesh, args, peaks: dict) -> dict:
     jax.block_until_ready(m)
     times.append(time.perf_counter() - t0)
   sec = statistics.median(times)
-  peak, _ = _chips(args)
+  peak, _ = _chips(mesh)
   flops = common.train_flops_per_token(cfg, t) * b * t
   return {"part": "update", "tok_s": b * t / sec, "step_s": sec, "mfu": flops / sec / peak if peak else None,
-          "mfu_measured_peak": flops / sec / (peaks["measured_matmul_flops"] * _n(args)), **_compiled(first),
+          "mfu_measured_peak": flops / sec / (peaks["measured_matmul_flops"] * mesh.size), **_compiled(first),
           "rows": b, "seq": t, "loss": float(m["loss"])}
 
 
