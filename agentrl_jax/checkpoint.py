@@ -14,7 +14,10 @@ One checkpoint per step holds three items:
     ckpt.maybe_save(step, state, data_iterator=it, metadata={"model_config": ...})
     ckpt.close()
 
-Typed PRNG keys (`jax.random.key`) are stored as their raw key data and re-wrapped on restore.
+Typed PRNG keys (`jax.random.key`) are stored as their raw key data and re-wrapped on restore. Checkpoints written
+before the decoder layers were stacked (params and Adam moments as `layers/0/...`, `layers/1/...`) restore
+into the stacked layout (`layers/...` with a leading layer axis): the layers are read one by one in their
+sharding and stacked on device.
 A checkpoint becomes visible to `latest_step()` only once Orbax has committed it (atomic rename), so a process
 killed mid-save leaves the previous checkpoint as the latest one.
 """
@@ -103,6 +106,74 @@ def _from_storable(restored: Any, target: Any) -> Any:
     return jax.random.wrap_key_data(x, impl=impl)
 
   return jax.tree.map(one, restored, target)
+
+
+def _has_unstacked_layers(tree: Any) -> bool:
+  """Whether a stored tree (nested dicts) holds decoder layers one subtree per layer (`layers/0`, ...)."""
+  if not isinstance(tree, dict):
+    return False
+  layers = tree.get("layers")
+  if isinstance(layers, dict) and layers and all(str(k).isdigit() for k in layers):
+    return True
+  return any(_has_unstacked_layers(v) for v in tree.values())
+
+
+def _is_layered_state(x: Any) -> bool:
+  from flax import nnx
+
+  return isinstance(x, nnx.State) and "layers" in x
+
+
+def _unstacked_target(target: Any) -> Any:
+  """`target` with every stacked `layers` subtree of an nnx State (params, Adam moments) split into one abstract
+  subtree per layer, each in its stacked parameter's sharding without the (unsharded) layer axis."""
+  from flax import nnx
+
+  def per_layer(x, i):
+    spec = tuple(x.sharding.spec) if isinstance(x.sharding, jax.sharding.NamedSharding) else ()
+    sharding = (jax.sharding.NamedSharding(x.sharding.mesh, jax.sharding.PartitionSpec(*spec[1:]))
+                if isinstance(x.sharding, jax.sharding.NamedSharding) else x.sharding)
+    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=sharding)
+
+  def one(state):
+    if not _is_layered_state(state):
+      return state
+    stacked = state["layers"]
+    num_layers = jax.tree.leaves(stacked)[0].shape[0]
+    layers = {i: jax.tree.map(lambda x, i=i: per_layer(x, i), stacked).raw_mapping for i in range(num_layers)}
+    return nnx.State({**state.raw_mapping, "layers": layers})  # nested levels as plain dicts, as nnx stores them
+
+  return jax.tree.map(one, target, is_leaf=_is_layered_state)
+
+
+def _lookup(tree: Any, path: tuple) -> Any:
+  """The leaf at a key path of the target, in a restored tree whose containers may be plain dicts."""
+  for key in path:
+    name = getattr(key, "key", getattr(key, "name", None))
+    if isinstance(tree, dict) or hasattr(tree, "__getitem__") and not hasattr(tree, "get_value"):
+      tree = tree[name]
+    else:
+      tree = getattr(tree, name)
+  return tree
+
+
+def _stack_layers(restored: Any, target: Any) -> Any:
+  """Inverse of `_unstacked_target` on restored arrays: each `layers` subtree stacked on device into the
+  target's sharding."""
+  from flax import nnx
+
+  def one(got, want):
+    if not _is_layered_state(want):
+      return got
+    parts = [got["layers"][i] for i in range(len(got["layers"]))]
+    paths, treedef = jax.tree_util.tree_flatten_with_path(want.raw_mapping["layers"])
+    stacked = []
+    for path, w in paths:  # restored containers may be dicts where the target has States and Variables
+      xs = [_lookup(part, path) for part in parts]
+      stacked.append(jax.jit(lambda *a: jax.numpy.stack(a), out_shardings=w.sharding)(*xs))
+    return nnx.State({**got.raw_mapping, "layers": jax.tree.unflatten(treedef, stacked)})
+
+  return jax.tree.map(one, restored, target, is_leaf=_is_layered_state)
 
 
 class Checkpointer:
@@ -197,6 +268,10 @@ class Checkpointer:
     """
     step = self._existing(step)
     storable = _storable_target(target)
+    unstacked = _has_unstacked_layers(self._mngr.item_metadata(step).state.tree)
+    if unstacked:
+      log.info("checkpoint %d stores the decoder layers one by one: stacking them on restore", step)
+      storable = _unstacked_target(storable)
     items = {"state": ocp.args.PyTreeRestore(storable, restore_args=ocp.checkpoint_utils.construct_restore_args(
                  storable), partial_restore=True),
              "meta": ocp.args.JsonRestore()}
@@ -206,7 +281,8 @@ class Checkpointer:
       items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
     restored = self._mngr.restore(step, args=ocp.args.Composite(**items))
     log.info("restored checkpoint at step %d from %s", step, self.directory)
-    return _from_storable(restored.state, target), dict(restored.meta)
+    state = _stack_layers(restored.state, _storable_target(target)) if unstacked else restored.state
+    return _from_storable(state, target), dict(restored.meta)
 
   def wait_until_finished(self) -> None:
     self._mngr.wait_until_finished()

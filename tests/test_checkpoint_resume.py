@@ -148,3 +148,37 @@ def test_sft_resume_after_sigkill_is_bit_identical(tmp_path):
   # The logs read as one run too: the killed run's lines past its checkpoint were dropped on resume.
   assert _metrics(full) == _metrics(killed)
   assert [m["step"] for m in _metrics(killed)] == list(range(1, TOTAL_STEPS + 1))
+
+
+def test_checkpoint_of_unstacked_layers_restores_into_the_stacked_layout(tmp_path):
+  """A train state written with one subtree per decoder layer (`layers/0/...`, the layout before the layers were
+  stacked) restores into today's stacked params and Adam moments, in their shardings, value for value."""
+  from flax import nnx
+
+  from agentrl_jax.models.config import ModelConfig
+  from agentrl_jax.rl import update as update_lib
+
+  cfg = ModelConfig.tiny_qwen3(num_layers=3)
+  mesh = sharding_lib.make_mesh(data=1, fsdp=4, tensor=2)
+  opt = update_lib.OptimizerConfig()
+  _, state = update_lib.init_train_state(testing.tiny_model(cfg, seed=2), opt, mesh)
+  state = state.replace(opt_state=jax.tree.map(lambda x: x + 0.5 if x.ndim else x, state.opt_state))
+
+  def unstack(s):  # the stored layout of the old model: layers as an nnx.List, one State per layer
+    if not (isinstance(s, nnx.State) and "layers" in s):
+      return s
+    layers = {i: jax.tree.map(lambda x, i=i: x[i], s["layers"]) for i in range(cfg.num_layers)}
+    return nnx.State({**s, "layers": nnx.State(layers)})
+
+  legacy = jax.tree.map(unstack, state, is_leaf=lambda x: isinstance(x, nnx.State))
+  with checkpoint.Checkpointer(tmp_path / "ckpt") as ckpt:
+    ckpt.save(3, {"train": legacy})
+  _, abstract = update_lib.abstract_train_state(cfg, opt, mesh)
+  with checkpoint.Checkpointer(tmp_path / "ckpt") as ckpt:
+    restored, meta = ckpt.restore({"train": abstract})
+  assert meta["step"] == 3
+  for got, want in zip(jax.tree.leaves(restored["train"]), jax.tree.leaves(state)):
+    assert got.shape == want.shape and got.sharding == want.sharding
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  q = restored["train"].params["layers"]["attn"]["q_dnh"].get_value()
+  assert q.shape[0] == 3 and q.sharding.spec == P(None, "fsdp", "tensor", None)

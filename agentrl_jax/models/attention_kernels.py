@@ -300,41 +300,47 @@ def _kernel_block_sizes(pages_per_seq: int, num_q_tokens: int) -> dict:
   return {"num_kv_pages_per_block": min(pages_per_seq, 8), "num_queries_per_block": min(32, num_q_tokens)}
 
 
-def ragged_paged_attention(qg: Float[Array, "B T K G H"], kv: Float[Array, "B S 2K H"], lengths: Int[Array, "B"],
-                           chunk_lengths: Int[Array, "B"], scale: float, page_size: int, *,
+def ragged_paged_attention(qg: Float[Array, "B T K G H"], kv: Float[Array, "L B S 2K H"], layer,
+                           lengths: Int[Array, "B"], chunk_lengths: Int[Array, "B"], scale: float, page_size: int, *,
                            interpret: bool = False) -> Float[Array, "B T K G H"]:
   """Attention of each row's first `chunk_lengths[b]` queries (its newest tokens, already written at slots
-  `lengths[b] + t` of `kv`) over its `lengths[b] + chunk_lengths[b]` cached tokens, through the ragged paged
-  attention kernel; query positions past a row's chunk come back as zeros."""
-  b, t, nk, g, h = qg.shape
+  `lengths[b] + t` of layer `layer` of the stacked `kv`) over its `lengths[b] + chunk_lengths[b]` cached tokens,
+  through the ragged paged attention kernel; query positions past a row's chunk come back as zeros.
 
-  def local(qg, kv, lengths, chunk_lengths):
-    bl, s = kv.shape[:2]
-    nk_l = kv.shape[2] // 2
+  The kernel reads the whole stacked cache as its page pool (`[L * B * S / page_size, page_size, 2K, H]`, a
+  reshape, no copy) through layer `layer`'s page table, so a scanned decoder passes it its carry as is."""
+  b, t, nk, g, h = qg.shape
+  layer = jnp.asarray(layer, jnp.int32)
+
+  def local(qg, kv, layer, lengths, chunk_lengths):
+    nl, bl, s = kv.shape[:3]
+    nk_l = kv.shape[3] // 2
     if not interpret and h % 128:
       raise ValueError(f"attention_impl='ragged_paged': the kernel needs a head_dim that is a multiple of 128, "
                        f"got {h}")
     cu = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(chunk_lengths.astype(jnp.int32))])
     q = _pack(qg.reshape(bl, t, nk_l * g, h), cu)  # [B*T, N, H]
-    pages = kv.reshape(bl * s // page_size, page_size, 2 * nk_l, h)
-    page_indices = kv_cache.static_page_table(bl, s // page_size)
+    pages_per_row = s // page_size
+    pages = kv.reshape(nl * bl * pages_per_row, page_size, 2 * nk_l, h)
+    page_indices = kv_cache.static_page_table(bl, pages_per_row) + layer * (bl * pages_per_row)
     args = (q, pages, (lengths + chunk_lengths).astype(jnp.int32), page_indices, cu, jnp.array([bl], jnp.int32))
     if interpret:
       out = paged_attention_reference(*args, sm_scale=scale, max_q_len=t)
     else:
       from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
 
-      out = rpa.ragged_paged_attention(*args, sm_scale=scale, **_kernel_block_sizes(s // page_size, bl * t))
-    return _unpack(out, cu, t).reshape(bl, t, nk_l, g, h)
+      out = rpa.ragged_paged_attention(*args, sm_scale=scale, **_kernel_block_sizes(pages_per_row, bl * t))
+    return _unpack(out, cu, t).reshape(bl, t, nk_l, g, h).astype(qg.dtype)
 
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return local(qg, kv, lengths, chunk_lengths)
+    return local(qg, kv, layer, lengths, chunk_lengths)
   from agentrl_jax.models import sharding as sharding_lib
 
   batch = sharding_lib.logical_to_spec(("batch",), (b,), mesh)[0]
   heads = sharding_lib.logical_to_spec(("act_kv_heads",), (nk,), mesh)[0]
   return jax.shard_map(local, mesh=mesh,
-                       in_specs=(jax.P(batch, None, heads, None, None), jax.P(batch, None, heads, None),
+                       in_specs=(jax.P(batch, None, heads, None, None), jax.P(None, batch, None, heads, None), jax.P(),
                                  jax.P(batch), jax.P(batch)),
-                       out_specs=jax.P(batch, None, heads, None, None), check_vma=False)(qg, kv, lengths, chunk_lengths)
+                       out_specs=jax.P(batch, None, heads, None, None), check_vma=False)(
+                           qg, kv, layer, lengths, chunk_lengths)

@@ -42,6 +42,9 @@ class ModelConfig:
     param_dtype: storage dtype of the weights ("float32" or "bfloat16").
     dtype: compute dtype of activations and matmuls; logits are always float32.
     remat: rematerialise each decoder layer in the backward pass (saves activation memory).
+    scan_layers: run the decoder stack as one `lax.scan` over the stacked layer parameters (compile time and
+      code size independent of depth), else unrolled (L copies of the layer's code). The parameters and the KV
+      cache are stacked by layer either way. A compute setting, not part of HF configs.
     attention_block: query block of causal self-attention without a cache (training, scoring): each block
       skips the keys above the diagonal; 0 = one dense [T, T] block. A compute setting, not part of HF configs.
     attention_impl: kernel of that attention: "xla" (the blocked attention above, any backend), "splash" (TPU
@@ -73,6 +76,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"
   remat: bool = False
+  scan_layers: bool = True
   attention_block: int = 256
   attention_impl: str = "xla"
   attention_interpret: bool = False

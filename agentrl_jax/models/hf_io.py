@@ -1,8 +1,10 @@
 """HF interop: load a Qwen checkpoint directory into a (sharded) model, and export back to a HF directory.
 
-Loading reads one tensor at a time (lazily from single or index-sharded safetensors), converts it to our
+Loading reads one parameter at a time (lazily from single or index-sharded safetensors), converts it to our
 layout and places it straight into its target sharding with `jax.make_array_from_callback`, so the host never
-holds more than one tensor beyond what the devices keep: there is never a second host copy of the model.
+holds more than one parameter beyond what the devices keep: there is never a second host copy of the model. A
+decoder-layer parameter is stacked over the layers (`model.layers.{i}.mlp.up_proj.weight` for every i is one
+`[L, D, F]` array), so that parameter is the L layers' tensors of one kind.
 """
 
 from __future__ import annotations
@@ -31,32 +33,33 @@ _MAX_SHARD_BYTES = 4 << 30
 
 
 # --------------------------------------------------------------------------- name/layout mapping
-def _param_map(cfg: ModelConfig) -> Iterator[tuple[tuple, str, tuple[int, ...], str]]:
-  """Yields (our flat path, HF tensor name, HF shape, layout kind); see `_to_ours`/`_to_hf` for the kinds."""
+def _param_map(cfg: ModelConfig) -> Iterator[tuple[tuple, tuple[str, ...], tuple[int, ...], str]]:
+  """Yields (our flat path, HF tensor names, HF shape of each, layout kind); a decoder-layer parameter names one
+  HF tensor per layer (stacked along our leading axis). See `_to_ours`/`_to_hf` for the kinds."""
   d, f, n, k, h, v = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                       cfg.vocab_size)
-  yield ("embed_vd",), "model.embed_tokens.weight", (v, d), "same"
-  yield ("final_norm_d",), "model.norm.weight", (d,), "same"
+  yield ("embed_vd",), ("model.embed_tokens.weight",), (v, d), "same"
+  yield ("final_norm_d",), ("model.norm.weight",), (d,), "same"
   if not cfg.tie_embeddings:
-    yield ("unembed_dv",), "lm_head.weight", (v, d), "transpose"
-  for i in range(cfg.num_layers):
-    p, hf = ("layers", i), f"model.layers.{i}."
-    yield p + ("attn_norm_d",), hf + "input_layernorm.weight", (d,), "same"
-    yield p + ("mlp_norm_d",), hf + "post_attention_layernorm.weight", (d,), "same"
-    yield p + ("attn", "q_dnh"), hf + "self_attn.q_proj.weight", (n * h, d), "in_proj"
-    yield p + ("attn", "k_dkh"), hf + "self_attn.k_proj.weight", (k * h, d), "in_proj"
-    yield p + ("attn", "v_dkh"), hf + "self_attn.v_proj.weight", (k * h, d), "in_proj"
-    yield p + ("attn", "o_nhd"), hf + "self_attn.o_proj.weight", (d, n * h), "out_proj"
-    if cfg.qkv_bias:
-      yield p + ("attn", "q_bias_nh"), hf + "self_attn.q_proj.bias", (n * h,), "reshape"
-      yield p + ("attn", "k_bias_kh"), hf + "self_attn.k_proj.bias", (k * h,), "reshape"
-      yield p + ("attn", "v_bias_kh"), hf + "self_attn.v_proj.bias", (k * h,), "reshape"
-    if cfg.qk_norm:
-      yield p + ("attn", "q_norm_h"), hf + "self_attn.q_norm.weight", (h,), "same"
-      yield p + ("attn", "k_norm_h"), hf + "self_attn.k_norm.weight", (h,), "same"
-    yield p + ("mlp", "gate_df"), hf + "mlp.gate_proj.weight", (f, d), "transpose"
-    yield p + ("mlp", "up_df"), hf + "mlp.up_proj.weight", (f, d), "transpose"
-    yield p + ("mlp", "down_fd"), hf + "mlp.down_proj.weight", (d, f), "transpose"
+    yield ("unembed_dv",), ("lm_head.weight",), (v, d), "transpose"
+  layer = [("attn_norm_d",), "input_layernorm.weight", (d,), "same"], [
+      ("mlp_norm_d",), "post_attention_layernorm.weight", (d,), "same"], [
+      ("attn", "q_dnh"), "self_attn.q_proj.weight", (n * h, d), "in_proj"], [
+      ("attn", "k_dkh"), "self_attn.k_proj.weight", (k * h, d), "in_proj"], [
+      ("attn", "v_dkh"), "self_attn.v_proj.weight", (k * h, d), "in_proj"], [
+      ("attn", "o_nhd"), "self_attn.o_proj.weight", (d, n * h), "out_proj"]
+  if cfg.qkv_bias:
+    layer += ([("attn", "q_bias_nh"), "self_attn.q_proj.bias", (n * h,), "reshape"],
+              [("attn", "k_bias_kh"), "self_attn.k_proj.bias", (k * h,), "reshape"],
+              [("attn", "v_bias_kh"), "self_attn.v_proj.bias", (k * h,), "reshape"])
+  if cfg.qk_norm:
+    layer += ([("attn", "q_norm_h"), "self_attn.q_norm.weight", (h,), "same"],
+              [("attn", "k_norm_h"), "self_attn.k_norm.weight", (h,), "same"])
+  layer += ([("mlp", "gate_df"), "mlp.gate_proj.weight", (f, d), "transpose"],
+            [("mlp", "up_df"), "mlp.up_proj.weight", (f, d), "transpose"],
+            [("mlp", "down_fd"), "mlp.down_proj.weight", (d, f), "transpose"])
+  for path, suffix, shape, kind in layer:
+    yield ("layers",) + path, tuple(f"model.layers.{i}.{suffix}" for i in range(cfg.num_layers)), shape, kind
 
 
 def _to_ours(w: np.ndarray, kind: str, our_shape: tuple[int, ...]) -> np.ndarray:
@@ -138,15 +141,22 @@ def load_hf_checkpoint(path: str | os.PathLike, cfg: ModelConfig | None = None, 
   flat = dict(flat_state)
   expected: set[str] = set()
   try:
-    for our_path, hf_name, hf_shape, kind in _param_map(cfg):
-      expected.add(hf_name)
+    for our_path, hf_names, hf_shape, kind in _param_map(cfg):
+      expected.update(hf_names)
       var = flat[our_path]
       want = var.get_value()
-      w = reader.get(hf_name)
-      if tuple(w.shape) != hf_shape:
-        raise ValueError(f"{path}: tensor {hf_name!r} has shape {tuple(w.shape)}, expected {hf_shape} "
-                         f"(config: {cfg.family}, hidden {cfg.hidden_size}, vocab {cfg.vocab_size})")
-      w = _to_ours(w, kind, tuple(want.shape)).astype(_NP_DTYPES[cfg.param_dtype])
+      stacked = our_path[0] == "layers"
+      one_shape = tuple(want.shape[1:]) if stacked else tuple(want.shape)
+      parts = []
+      for hf_name in hf_names:
+        w = reader.get(hf_name)
+        if tuple(w.shape) != hf_shape:
+          raise ValueError(f"{path}: tensor {hf_name!r} has shape {tuple(w.shape)}, expected {hf_shape} "
+                           f"(config: {cfg.family}, hidden {cfg.hidden_size}, vocab {cfg.vocab_size})")
+        parts.append(_to_ours(w, kind, one_shape).astype(_NP_DTYPES[cfg.param_dtype]))
+        del w
+      w = np.stack(parts) if stacked else parts[0]
+      del parts
       var.set_value(jax.make_array_from_callback(want.shape, shardings[our_path], lambda idx, w=w: w[idx]))
       del w
   finally:
@@ -170,13 +180,16 @@ def export_hf(model: Qwen, out_dir: str | os.PathLike, *, dtype: str | None = No
   flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
   shards: list[dict[str, np.ndarray]] = [{}]
   size = 0
-  for our_path, hf_name, hf_shape, kind in _param_map(cfg):
-    w = _to_hf(np.asarray(jax.device_get(flat[our_path].get_value())).astype(_NP_DTYPES[dtype]), kind, hf_shape)
-    if size + w.nbytes > _MAX_SHARD_BYTES and shards[-1]:
-      shards.append({})
-      size = 0
-    shards[-1][hf_name] = w
-    size += w.nbytes
+  for our_path, hf_names, hf_shape, kind in _param_map(cfg):
+    w = np.asarray(jax.device_get(flat[our_path].get_value())).astype(_NP_DTYPES[dtype])
+    for hf_name, part in zip(hf_names, w if our_path[0] == "layers" else [w]):
+      part = _to_hf(part, kind, hf_shape)
+      if size + part.nbytes > _MAX_SHARD_BYTES and shards[-1]:
+        shards.append({})
+        size = 0
+      shards[-1][hf_name] = part
+      size += part.nbytes
+    del w
   if len(shards) == 1:
     safetensors.numpy.save_file(shards[0], os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
   else:

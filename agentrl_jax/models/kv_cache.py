@@ -6,7 +6,10 @@ chunk of T tokens per row (T = prompt length for prefill, 1 for decode, a tool r
 recomputed. Only the first `chunk_lengths[b]` tokens of a row's chunk count: the rest are padding, written to
 slots that the next chunk overwrites.
 
-Layout: keys are stored transposed, `[B, K, H, S]` (slots minor), values as `[B, K, S, H]`. With these, both
+Every array stacks the layers along a leading axis (`[L, B, ...]`), as the model stacks its layer parameters:
+a scanned decoder carries the whole cache through its layers and writes each layer's chunk in place.
+
+Layout: keys are stored transposed, `[L, B, K, H, S]` (slots minor), values as `[L, B, K, S, H]`. With these, both
 attention products of a decode step are plain batched matmuls over the (B, K) batch that read the cache in
 place: scores `q [G, H] @ keys [H, S]` and output `probs [G, S] @ values [S, H]`, each streaming its half of the
 cache once. With the token-major `[B, S, K, H]` layout of the model's activations, XLA:CPU either copies the
@@ -25,35 +28,34 @@ from jaxtyping import Array, Int
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models import sharding
 
-K_AXES = ("cache_batch", "cache_kv_heads", "cache_head_dim", "cache_seq")  # keys [B, K, H, S]
-V_AXES = ("cache_batch", "cache_kv_heads", "cache_seq", "cache_head_dim")  # values [B, K, S, H]
-K_SEQ_AXIS, V_SEQ_AXIS = 3, 2
+K_AXES = ("cache_layers", "cache_batch", "cache_kv_heads", "cache_head_dim", "cache_seq")  # keys [L, B, K, H, S]
+V_AXES = ("cache_layers", "cache_batch", "cache_kv_heads", "cache_seq", "cache_head_dim")  # values [L, B, K, S, H]
+K_SEQ_AXIS, V_SEQ_AXIS = 4, 3
+BATCH_AXIS = 1  # of every cache array
 
 
 @flax.struct.dataclass
 class KVCache:
-  """Per-layer keys `[B, K, H, S]`, values `[B, K, S, H]` and the number of valid tokens of each row.
+  """The layers' keys `[L, B, K, H, S]`, values `[L, B, K, S, H]` and the number of valid tokens of each row.
 
   Attributes:
-    k: one array per layer, `[B, K, H, S]` (transposed keys; see the module docstring).
-    v: one array per layer, `[B, K, S, H]`.
+    k: `[L, B, K, H, S]` (transposed keys; see the module docstring).
+    v: `[L, B, K, S, H]`.
     lengths: `[B]` int32, valid tokens per row (also the position of the row's next token).
   """
 
-  k: tuple[jax.Array, ...]
-  v: tuple[jax.Array, ...]
+  k: jax.Array
+  v: jax.Array
   lengths: Int[Array, "B"]
 
   @classmethod
   def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache for `batch` rows of up to `max_len` tokens each (dtype: the compute dtype)."""
     dtype = dtype or cfg.jnp_dtype
-    k_shape = (batch, cfg.num_kv_heads, cfg.head_dim, max_len)
-    v_shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+    k_shape = (cfg.num_layers, batch, cfg.num_kv_heads, cfg.head_dim, max_len)
+    v_shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
     zeros = lambda shape, axes: sharding.shard(jnp.zeros(shape, dtype), axes)
-    return cls(k=tuple(zeros(k_shape, K_AXES) for _ in range(cfg.num_layers)),
-               v=tuple(zeros(v_shape, V_AXES) for _ in range(cfg.num_layers)),
-               lengths=jnp.zeros((batch,), jnp.int32))
+    return cls(k=zeros(k_shape, K_AXES), v=zeros(v_shape, V_AXES), lengths=jnp.zeros((batch,), jnp.int32))
 
   @property
   def batch(self) -> int:
@@ -61,23 +63,25 @@ class KVCache:
 
   @property
   def max_len(self) -> int:
-    return self.v[0].shape[V_SEQ_AXIS]
+    return self.v.shape[V_SEQ_AXIS]
 
   @property
   def dtype(self):
-    return self.v[0].dtype
+    return self.v.dtype
 
-  def layer(self, i: int) -> tuple[jax.Array, jax.Array]:
-    """Layer i's arrays as the model's attention takes them: `(k, v)`."""
-    return self.k[i], self.v[i]
+  def arrays(self) -> tuple[jax.Array, jax.Array]:
+    """The stacked arrays as the model's attention takes them: `(k, v)`."""
+    return self.k, self.v
 
-  def with_layers(self, layers: list[tuple[jax.Array, ...]], lengths: Int[Array, "B"]) -> KVCache:
-    """The cache holding the layers' updated arrays (as `layer` gives them) and the new lengths."""
-    return self.replace(k=tuple(k for k, _ in layers), v=tuple(v for _, v in layers), lengths=lengths)
+  def with_arrays(self, arrays: tuple[jax.Array, ...], lengths: Int[Array, "B"]) -> KVCache:
+    """The cache holding the updated arrays (as `arrays` gives them) and the new lengths."""
+    k, v = arrays
+    return self.replace(k=k, v=v, lengths=lengths)
 
   def select_rows(self, rows: Int[Array, "R"]) -> KVCache:
     """Gathers rows (e.g. `jnp.repeat(arange(P), n)` to share one prompt prefill across n samples)."""
-    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), self)
+    take = lambda x: jnp.take(x, rows, axis=BATCH_AXIS)  # noqa: E731
+    return self.replace(k=take(self.k), v=take(self.v), lengths=jnp.take(self.lengths, rows, axis=0))
 
   def token_major(self, layer: int) -> tuple[jax.Array, jax.Array]:
     """Layer `layer`'s keys and values as `[B, S, K, H]` (for tests and inspection; copies)."""
@@ -88,44 +92,57 @@ class KVCache:
     pad = capacity - self.max_len
     if pad < 0:
       raise ValueError(f"KVCache.grow: capacity {capacity} is below the current {self.max_len}")
+
     def pad_seq(x, seq_axis, axes):
       widths = [(0, pad if i == seq_axis else 0) for i in range(x.ndim)]
       return sharding.shard(jnp.pad(x, widths), axes)
 
-    return self.replace(k=tuple(pad_seq(x, K_SEQ_AXIS, K_AXES) for x in self.k),
-                        v=tuple(pad_seq(x, V_SEQ_AXIS, V_AXES) for x in self.v))
+    return self.replace(k=pad_seq(self.k, K_SEQ_AXIS, K_AXES), v=pad_seq(self.v, V_SEQ_AXIS, V_AXES))
 
   def put_rows(self, rows: Int[Array, "R"], other: KVCache) -> KVCache:
     """Writes `other`'s R rows into row slots `rows` (index >= B drops the row): slots `[0, other.max_len)` of
     each row are replaced, later slots are kept, and the rows' lengths become `other`'s."""
     t = other.max_len
-    put_k = lambda big, new: sharding.shard(big.at[rows, :, :, :t].set(new.astype(big.dtype), mode="drop"), K_AXES)
-    put_v = lambda big, new: sharding.shard(big.at[rows, :, :t].set(new.astype(big.dtype), mode="drop"), V_AXES)
-    return self.replace(k=tuple(map(put_k, self.k, other.k)), v=tuple(map(put_v, self.v, other.v)),
+    k = self.k.at[:, rows, :, :, :t].set(other.k.astype(self.k.dtype), mode="drop")
+    v = self.v.at[:, rows, :, :t].set(other.v.astype(self.v.dtype), mode="drop")
+    return self.replace(k=sharding.shard(k, K_AXES), v=sharding.shard(v, V_AXES),
                         lengths=self.lengths.at[rows].set(other.lengths, mode="drop"))
 
 
-def write_chunk(cache_k: jax.Array, cache_v: jax.Array, new_k: jax.Array, new_v: jax.Array,
-                lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Writes one layer's chunk `new_k, new_v [B, T, K, H]` at slots `lengths[b] + t` of the cache arrays.
+def _write_rows(cache: jax.Array, chunk: jax.Array, lengths: jax.Array, layer, put) -> jax.Array:
+  """Per-row scatter of `chunk [B, T, ...]` into layer `layer` of the stacked `cache [L, B, ...]`; `put(row,
+  layer, slots, chunk_row)` writes one row (`row` is `[L, ...]`).
 
-  A per-row scatter with mode="drop": slots past the cache end are dropped instead of clamped (clamping, as
-  `dynamic_update_slice` does, would overwrite valid context). Written with vmap so the batch dimension is a
-  scatter batching dimension, which the SPMD partitioner keeps local when the batch is sharded.
+  Written with vmap over the batch axis so that it is a scatter batching dimension, which the SPMD partitioner
+  keeps local when the batch is sharded; the layer index is part of the scatter, so the stacked buffer (a scan
+  carry, or a donated argument) is updated in place, one chunk's worth of slots, with no copy of the layer.
   """
-  t = new_k.shape[1]
+  t = chunk.shape[1]
+  layer = jnp.asarray(layer, jnp.int32)
 
-  def one_row(row_k, row_v, chunk_k, chunk_v, start):
-    slots = start + jnp.arange(t)
-    row_k = row_k.at[:, :, slots].set(jnp.transpose(chunk_k, (1, 2, 0)).astype(row_k.dtype), mode="drop")
-    row_v = row_v.at[:, slots].set(jnp.transpose(chunk_v, (1, 0, 2)).astype(row_v.dtype), mode="drop")
-    return row_k, row_v
+  def one_row(row, c, start):
+    return put(row, layer, start + jnp.arange(t), c)
 
-  return jax.vmap(one_row)(cache_k, cache_v, new_k, new_v, lengths)
+  return jax.vmap(one_row, in_axes=(BATCH_AXIS, 0, 0), out_axes=BATCH_AXIS)(cache, chunk, lengths)
+
+
+def write_chunk(cache_k: jax.Array, cache_v: jax.Array, new_k: jax.Array, new_v: jax.Array, lengths: jax.Array,
+                layer) -> tuple[jax.Array, jax.Array]:
+  """Writes one layer's chunk `new_k, new_v [B, T, K, H]` at slots `lengths[b] + t` of layer `layer` of the
+  stacked cache arrays (`layer` an int or a traced scalar).
+
+  Slots past the cache end are dropped (mode="drop") instead of clamped: clamping, as `dynamic_update_slice`
+  does, would overwrite valid context.
+  """
+  # Indexing a row [L, K, H, S] (or [L, K, S, H]) with the layer and the slots, two indices a slice apart, puts
+  # the slots' axis first: the indexed block is [T, K, H], the chunk's own layout.
+  put_k = lambda row, i, slots, c: row.at[i, :, :, slots].set(c.astype(row.dtype), mode="drop")  # noqa: E731
+  put_v = lambda row, i, slots, c: row.at[i, :, slots].set(c.astype(row.dtype), mode="drop")  # noqa: E731
+  return _write_rows(cache_k, new_k, lengths, layer, put_k), _write_rows(cache_v, new_v, lengths, layer, put_v)
 
 
 # ------------------------------------------------------------------------------------------------ paged layout
-PAGED_AXES = ("cache_batch", "cache_seq", "cache_kv_heads", "cache_head_dim")  # kv [B, S, 2K, H]
+PAGED_AXES = ("cache_layers", "cache_batch", "cache_seq", "cache_kv_heads", "cache_head_dim")  # kv [L, B, S, 2K, H]
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -140,30 +157,32 @@ def static_page_table(batch: int, pages: int) -> Int[Array, "B P"]:
 @flax.struct.dataclass
 class PagedKVCache:
   """The KV cache as pages of `page_size` tokens, for the ragged paged attention kernel (`attention_impl=
-  "ragged_paged"`, TPU): per layer one array `kv [B, S, 2K, H]` with keys and values interleaved by head
-  (k0, v0, k1, v1, ...), which is the kernel's `kv_pages [B * S / page_size, page_size, 2K, H]` without a copy.
+  "ragged_paged"`, TPU): one array `kv [L, B, S, 2K, H]` with keys and values interleaved by head (k0, v0, k1,
+  v1, ...), which is the kernel's `kv_pages [L * B * S / page_size, page_size, 2K, H]` without a copy: layer l's
+  pages are the kernel's pages offset by `l * B * S / page_size`.
 
-  Row b owns pages `[b * S / page_size, (b + 1) * S / page_size)` (a static page table, `page_indices`), so
-  rows move between slots by copying their pages, as the other layout copies its rows. What the layout buys is
-  the kernel: each row's queries read the pages its own length covers, not the batch's capacity. Capacities are
-  rounded up to whole pages. Same interface as `KVCache` (init, select_rows, put_rows, grow, lengths).
+  Row b owns pages `[b * S / page_size, (b + 1) * S / page_size)` of each layer (a static page table,
+  `page_indices`), so rows move between slots by copying their pages, as the other layout copies its rows. What
+  the layout buys is the kernel: each row's queries read the pages its own length covers, not the batch's
+  capacity. Capacities are rounded up to whole pages. Same interface as `KVCache` (init, select_rows, put_rows,
+  grow, lengths).
 
   Attributes:
-    kv: one array per layer, `[B, S, 2K, H]`.
+    kv: `[L, B, S, 2K, H]`.
     lengths: `[B]` int32, valid tokens per row.
     page_size: tokens per page (static).
   """
 
-  kv: tuple[jax.Array, ...]
+  kv: jax.Array
   lengths: Int[Array, "B"]
   page_size: int = flax.struct.field(pytree_node=False, default=64)
 
   @classmethod
   def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> PagedKVCache:
     dtype = dtype or cfg.jnp_dtype
-    shape = (batch, _round_up(max_len, cfg.kv_page_size), 2 * cfg.num_kv_heads, cfg.head_dim)
-    return cls(kv=tuple(sharding.shard(jnp.zeros(shape, dtype), PAGED_AXES) for _ in range(cfg.num_layers)),
-               lengths=jnp.zeros((batch,), jnp.int32), page_size=cfg.kv_page_size)
+    shape = (cfg.num_layers, batch, _round_up(max_len, cfg.kv_page_size), 2 * cfg.num_kv_heads, cfg.head_dim)
+    return cls(kv=sharding.shard(jnp.zeros(shape, dtype), PAGED_AXES), lengths=jnp.zeros((batch,), jnp.int32),
+               page_size=cfg.kv_page_size)
 
   @property
   def batch(self) -> int:
@@ -171,26 +190,27 @@ class PagedKVCache:
 
   @property
   def max_len(self) -> int:
-    return self.kv[0].shape[1]
+    return self.kv.shape[2]
 
   @property
   def dtype(self):
-    return self.kv[0].dtype
+    return self.kv.dtype
 
   def page_indices(self) -> Int[Array, "B P"]:
-    """The page table: row b's pages, in order."""
+    """The page table of layer 0: row b's pages, in order."""
     return static_page_table(self.batch, self.max_len // self.page_size)
 
-  def layer(self, i: int) -> tuple[jax.Array]:
-    """Layer i's arrays as the model's attention takes them: `(kv,)`."""
-    return (self.kv[i],)
+  def arrays(self) -> tuple[jax.Array]:
+    """The stacked array as the model's attention takes it: `(kv,)`."""
+    return (self.kv,)
 
-  def with_layers(self, layers: list[tuple[jax.Array, ...]], lengths: Int[Array, "B"]) -> PagedKVCache:
-    """The cache holding the layers' updated arrays (as `layer` gives them) and the new lengths."""
-    return self.replace(kv=tuple(kv for (kv,) in layers), lengths=lengths)
+  def with_arrays(self, arrays: tuple[jax.Array, ...], lengths: Int[Array, "B"]) -> PagedKVCache:
+    """The cache holding the updated array (as `arrays` gives it) and the new lengths."""
+    (kv,) = arrays
+    return self.replace(kv=kv, lengths=lengths)
 
   def select_rows(self, rows: Int[Array, "R"]) -> PagedKVCache:
-    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), self)
+    return self.replace(kv=jnp.take(self.kv, rows, axis=BATCH_AXIS), lengths=jnp.take(self.lengths, rows, axis=0))
 
   def token_major(self, layer: int) -> tuple[jax.Array, jax.Array]:
     """Layer `layer`'s keys and values as `[B, S, K, H]` (for tests and inspection; copies)."""
@@ -201,27 +221,24 @@ class PagedKVCache:
     pad = _round_up(capacity, self.page_size) - self.max_len
     if pad < 0:
       raise ValueError(f"PagedKVCache.grow: capacity {capacity} is below the current {self.max_len}")
-    return self.replace(kv=tuple(sharding.shard(jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))), PAGED_AXES)
-                                 for x in self.kv))
+    return self.replace(kv=sharding.shard(jnp.pad(self.kv, ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0))), PAGED_AXES))
 
   def put_rows(self, rows: Int[Array, "R"], other: PagedKVCache) -> PagedKVCache:
     """Writes `other`'s R rows into row slots `rows` (index >= B drops the row), as `KVCache.put_rows`."""
     t = other.max_len
-    put = lambda big, new: sharding.shard(big.at[rows, :t].set(new.astype(big.dtype), mode="drop"), PAGED_AXES)
-    return self.replace(kv=tuple(map(put, self.kv, other.kv)),
-                        lengths=self.lengths.at[rows].set(other.lengths, mode="drop"))
+    kv = self.kv.at[:, rows, :t].set(other.kv.astype(self.kv.dtype), mode="drop")
+    return self.replace(kv=sharding.shard(kv, PAGED_AXES), lengths=self.lengths.at[rows].set(other.lengths, mode="drop"))
 
 
-def write_chunk_paged(cache_kv: jax.Array, new_k: jax.Array, new_v: jax.Array, lengths: jax.Array) -> jax.Array:
-  """Writes one layer's chunk `new_k, new_v [B, T, K, H]` at slots `lengths[b] + t` of `kv [B, S, 2K, H]`
-  (keys at even, values at odd combined heads); slots past the end are dropped, as in `write_chunk`."""
+def write_chunk_paged(cache_kv: jax.Array, new_k: jax.Array, new_v: jax.Array, lengths: jax.Array,
+                      layer) -> jax.Array:
+  """Writes one layer's chunk `new_k, new_v [B, T, K, H]` at slots `lengths[b] + t` of layer `layer` of the
+  stacked `kv [L, B, S, 2K, H]` (keys at even, values at odd combined heads); slots past the end are dropped,
+  as in `write_chunk`."""
   b, t, nk, h = new_k.shape
   chunk = jnp.stack([new_k, new_v], axis=3).reshape(b, t, 2 * nk, h).astype(cache_kv.dtype)
-
-  def one_row(row, c, start):
-    return row.at[start + jnp.arange(t)].set(c, mode="drop")
-
-  return jax.vmap(one_row)(cache_kv, chunk, lengths)
+  put = lambda row, i, slots, c: row.at[i, slots].set(c, mode="drop")  # noqa: E731  row [L, S, 2K, H]
+  return _write_rows(cache_kv, chunk, lengths, layer, put)
 
 
 def make_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache | PagedKVCache:

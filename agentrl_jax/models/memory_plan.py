@@ -122,10 +122,10 @@ def kv_cache_bytes(cfg: ModelConfig, rows: int, seq: int, mesh_shape: dict[str, 
   """The rollout cache for `rows` sequences of `seq` tokens, sharded as `kv_cache.KVCache` lays it out."""
   mesh = jax.sharding.AbstractMesh(tuple(mesh_shape[a] for a in sharding_lib.MESH_AXES), sharding_lib.MESH_AXES)
   total = 0
-  k, h = cfg.num_kv_heads, cfg.head_dim
-  for shape, axes in (((rows, k, h, seq), kv_cache.K_AXES), ((rows, k, seq, h), kv_cache.V_AXES)):
+  nl, k, h = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+  for shape, axes in (((nl, rows, k, h, seq), kv_cache.K_AXES), ((nl, rows, k, seq, h), kv_cache.V_AXES)):
     spec = sharding_lib.logical_to_spec(axes, shape, mesh)
-    total += _per_device(shape, spec, mesh_shape) * _itemsize(cfg.dtype) * cfg.num_layers
+    total += _per_device(shape, spec, mesh_shape) * _itemsize(cfg.dtype)
   return total
 
 

@@ -7,6 +7,13 @@ D hidden, N query heads, K kv heads, G = N // K, H head dim, F MLP width, V voca
 One `__call__` serves three uses:
 * training / scoring: `model(tokens)` (optionally `positions`, `segment_ids` for packed rows);
 * prefill, decode and extend: `model(tokens, cache=cache, chunk_lengths=...)` appends the chunk to the cache.
+
+The decoder layers' parameters are stacked along a leading layer axis (`model.layers.attn.q_dnh` is
+`[L, D, N, H]`), and so is the KV cache (`[L, B, ...]`). With `ModelConfig.scan_layers` (the default) the stack
+runs as one `lax.scan` over that axis, so a program holds one layer's code whatever the depth and compiles in
+time independent of it (MaxText's `scan_layers`); with remat, the scanned body is rematerialised. Unrolled
+(`scan_layers=False`), the same parameters are split into L layers and run one after the other: the same sums,
+L copies of the layer's code.
 """
 
 from __future__ import annotations
@@ -111,16 +118,18 @@ class Attention(nnx.Module):
       self.q_norm_h = _param(rngs, (h,), ("norm",), pd, "ones")
       self.k_norm_h = _param(rngs, (h,), ("norm",), pd, "ones")
 
-  def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, cache_lengths=None, segment_ids=None,
+  def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, layer=None, cache_lengths=None, segment_ids=None,
                chunk_lengths=None):
-    """Returns `(out [B, T, D], the layer's cache arrays or None)`; `rope_cs` is `rope_angles` of the positions.
+    """Returns `(out [B, T, D], the updated cache arrays or None)`; `rope_cs` is `rope_angles` of the positions.
     `segment_ids` `[B, T]` (no cache; None: one sequence per row) feed the fused kernels, which build the causal +
     segment mask themselves.
 
-    Without a cache, keys are this chunk's own (S = T). With one (`(k, v)` of a `KVCache`, or `(kv,)` of a
-    `PagedKVCache`), the chunk's keys/values are first written at slots `cache_lengths[b] + t`, then the
-    queries attend over the cache: all S slots under the mask, or (paged) the row's own
-    `cache_lengths[b] + chunk_lengths[b]` tokens.
+    Without a cache, keys are this chunk's own (S = T). With one (the stacked arrays of every layer, `(k, v)` of
+    a `KVCache` or `(kv,)` of a `PagedKVCache`, and this layer's index `layer`, an int or a traced scalar), the
+    chunk's keys/values are first written at slots `cache_lengths[b] + t` of layer `layer`, then the queries
+    attend over that layer's cache: all S slots under the mask, or (paged) the row's own
+    `cache_lengths[b] + chunk_lengths[b]` tokens. The arrays are updated in place (a scan carry or a donated
+    buffer), never sliced out and written back whole.
     """
     cfg, dt = self.cfg, self.cfg.jnp_dtype
     q = jnp.einsum("BTD,DNH->BTNH", x_btd, self.q_dnh[...].astype(dt))
@@ -142,12 +151,13 @@ class Attention(nnx.Module):
     scale = cfg.head_dim ** -0.5
     new_cache = None
     if cache_kv is not None and cfg.attention_impl == "ragged_paged":
-      new_cache = (write_chunk_paged(cache_kv[0], k, v, cache_lengths),)
-      out = attention_kernels.ragged_paged_attention(qg, new_cache[0].astype(dt), cache_lengths, chunk_lengths,
+      new_cache = (write_chunk_paged(cache_kv[0], k, v, cache_lengths, layer),)
+      out = attention_kernels.ragged_paged_attention(qg, new_cache[0], layer, cache_lengths, chunk_lengths,
                                                      scale, cfg.kv_page_size, interpret=cfg.attention_interpret)
     elif cache_kv is not None:
-      new_cache = write_chunk(*cache_kv, k, v, cache_lengths)
-      out = _cached_attention(qg, new_cache[0].astype(dt), new_cache[1].astype(dt), mask_bts, scale)
+      new_cache = write_chunk(*cache_kv, k, v, cache_lengths, layer)
+      k_t, v_l = (jax.lax.dynamic_index_in_dim(a, layer, 0, keepdims=False).astype(dt) for a in new_cache)
+      out = _cached_attention(qg, k_t, v_l, mask_bts, scale)
     elif cfg.attention_impl in ("splash", "ragged_paged"):
       out = attention_kernels.splash_attention(qg, k, v, segment_ids, scale, interpret=cfg.attention_interpret)
     elif cfg.attention_impl == "cudnn":
@@ -224,14 +234,35 @@ class DecoderLayer(nnx.Module):
     self.mlp_norm_d = _param(rngs, (cfg.hidden_size,), ("norm",), cfg.jnp_param_dtype, "ones")
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, cache_lengths=None, segment_ids=None,
+  def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, layer=None, cache_lengths=None, segment_ids=None,
                chunk_lengths=None):
     eps = self.cfg.rms_norm_eps
-    h, new_cache = self.attn(rms_norm(x_btd, self.attn_norm_d[...], eps), rope_cs, mask_bts, cache_kv,
+    h, new_cache = self.attn(rms_norm(x_btd, self.attn_norm_d[...], eps), rope_cs, mask_bts, cache_kv, layer,
                              cache_lengths, segment_ids, chunk_lengths)
     x_btd = x_btd + h
     x_btd = x_btd + self.mlp(rms_norm(x_btd, self.mlp_norm_d[...], eps))
     return x_btd, new_cache
+
+
+def _stack_layers(layers: list[DecoderLayer]) -> DecoderLayer:
+  """One `DecoderLayer` whose every parameter stacks the layers' along a new leading axis (logical name
+  "layers", never sharded). The layers are built one by one first, so a random init draws the same numbers as
+  a model of separate layers would."""
+  graphdef, _ = nnx.split(layers[0])
+  states = [nnx.split(layer)[1] for layer in layers]
+
+  def stack(*vs):
+    axes = ("layers",) + tuple(vs[0].get_metadata().get("logical_axes") or ())
+    return vs[0].replace(jnp.stack([v.get_value() for v in vs]), logical_axes=axes)
+
+  return nnx.merge(graphdef, jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+
+
+def unstack_layers(stacked: nnx.State, num_layers: int) -> list[nnx.State]:
+  """The stacked layer state as `num_layers` per-layer states (`lax.split`: its gradient is one concatenate)."""
+  leaves, treedef = jax.tree.flatten(stacked)
+  parts = [[p[0] for p in jnp.split(a, num_layers)] for a in leaves]
+  return [jax.tree.unflatten(treedef, [leaf_parts[i] for leaf_parts in parts]) for i in range(num_layers)]
 
 
 class Qwen(nnx.Module):
@@ -241,7 +272,7 @@ class Qwen(nnx.Module):
     self.cfg = cfg
     pd = cfg.jnp_param_dtype
     self.embed_vd = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
-    self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.layers = _stack_layers([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
     self.final_norm_d = _param(rngs, (cfg.hidden_size,), ("norm",), pd, "ones")
     if not cfg.tie_embeddings:
       self.unembed_dv = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
@@ -303,22 +334,46 @@ class Qwen(nnx.Module):
         mask = slots[None, None, :] <= positions[:, :, None]
 
     rope_cs = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
-    layer_fn = lambda layer, *args: layer(*args)
-    if cfg.remat and cache is None:
-      layer_fn = nnx.remat(layer_fn)
-    new_layers = []
-    for i, layer in enumerate(self.layers):
-      kv = None if cache is None else cache.layer(i)
-      x, layer_cache = layer_fn(layer, x, rope_cs, mask, kv, None if cache is None else cache.lengths, segs,
-                                chunk_lengths)
-      new_layers.append(layer_cache)
+    arrays = None if cache is None else cache.arrays()
+    x, arrays = self._run_layers(x, rope_cs, mask, arrays, None if cache is None else cache.lengths, segs,
+                                 chunk_lengths)
     x = rms_norm(x, self.final_norm_d[...], cfg.rms_norm_eps)
     new_cache = None
     if cache is not None:
-      new_cache = cache.with_layers(new_layers, cache.lengths + chunk_lengths.astype(jnp.int32))
+      new_cache = cache.with_arrays(arrays, cache.lengths + chunk_lengths.astype(jnp.int32))
     if return_hidden:
       return x, new_cache
     return self.unembed(x), new_cache
+
+  def _run_layers(self, x, rope_cs, mask, arrays, lengths, segs, chunk_lengths):
+    """The decoder stack over the stacked layer params: one scanned body or L unrolled calls (module
+    docstring). `arrays` are the stacked cache arrays (cache mode), carried through the layers and updated in
+    place; returns `(x, arrays)`."""
+    cfg = self.cfg
+    layer_def, stacked = nnx.split(self.layers)
+
+    def one(state, x, arrays, i):
+      return nnx.merge(layer_def, state)(x, rope_cs, mask, arrays, i, lengths, segs, chunk_lengths)
+
+    if cfg.scan_layers:
+      if arrays is None:
+        def body(x, state):
+          return one(state, x, None, None)[0], None
+
+        if cfg.remat:
+          body = jax.checkpoint(body, prevent_cse=False)  # inside a scan, CSE cannot merge the recomputation
+        x, _ = jax.lax.scan(body, x, stacked)
+        return x, None
+
+      def cached_body(carry, xs):
+        return one(xs[0], *carry, xs[1]), None
+
+      (x, arrays), _ = jax.lax.scan(cached_body, (x, arrays), (stacked, jnp.arange(cfg.num_layers)))
+      return x, arrays
+    step = jax.checkpoint(one, static_argnums=(3,)) if cfg.remat and arrays is None else one
+    for i, state in enumerate(unstack_layers(stacked, cfg.num_layers)):
+      x, arrays = step(state, x, arrays, i)
+    return x, arrays
 
   def unembed(self, hidden: Float[Array, "... D"]) -> Float[Array, "... V"]:
     """Hidden states -> float32 logits (the unembedding matmul accumulates in float32)."""

@@ -34,6 +34,7 @@ LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     "act_mlp": "tensor",
     "act_vocab": "tensor",
     # parameters
+    "layers": None,  # the stacked decoder layers' leading axis (scanned over, so never sharded)
     "vocab": "tensor",
     "embed": "fsdp",
     "heads": "tensor",
@@ -42,6 +43,7 @@ LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     "mlp": "tensor",
     "norm": None,
     # KV cache
+    "cache_layers": None,
     "cache_batch": ("data", "fsdp"),
     "cache_seq": None,
     "cache_kv_heads": "tensor",

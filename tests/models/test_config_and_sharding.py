@@ -43,7 +43,7 @@ def test_qwen3_4b_forward_traces():
 
   logits, cache = jax.eval_shape(fwd, state, jax.ShapeDtypeStruct((2, 16), jnp.int32))
   assert logits.shape == (2, 16, 151936) and logits.dtype == jnp.float32
-  assert cache.k[0].shape == (2, 8, 128, 64) and cache.v[0].shape == (2, 8, 64, 128) and len(cache.k) == 36
+  assert cache.k.shape == (36, 2, 8, 128, 64) and cache.v.shape == (36, 2, 8, 64, 128)  # stacked by layer
 
 
 def test_hf_config_round_trip():
@@ -94,8 +94,8 @@ def test_sharded_forward_matches_single_device(family):
   mesh = sharding.make_mesh(data=1, fsdp=4, tensor=2)
   shardings = sharding.state_shardings(state, mesh)
   sharded_state = jax.device_put(state, shardings)
-  q = sharded_state["layers"][0]["attn"]["q_dnh"].get_value()
-  assert q.sharding.spec == jax.P("fsdp", "tensor", None)
+  q = sharded_state["layers"]["attn"]["q_dnh"].get_value()
+  assert q.sharding.spec == jax.P(None, "fsdp", "tensor", None)  # [L, D, N, H]: the layer axis is never sharded
   with jax.set_mesh(mesh):
     tok_sharded = jax.device_put(tokens, sharding.named_sharding(mesh, ("batch", "seq"), tokens.shape))
     out = jax.jit(fwd)(sharded_state, tok_sharded)

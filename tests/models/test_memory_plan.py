@@ -25,7 +25,7 @@ def test_param_and_cache_bytes_equal_the_sharded_arrays(data, fsdp, tensor):
   assert memory_plan.param_bytes(cfg, shape) == _shard_bytes(jax.tree.leaves(nnx.state(model)))
   with jax.set_mesh(mesh):
     cache = jax.jit(lambda: kv_cache.KVCache.init(cfg, batch=16, max_len=64))()
-  assert memory_plan.kv_cache_bytes(cfg, 16, 64, shape) == _shard_bytes(cache.k + cache.v)
+  assert memory_plan.kv_cache_bytes(cfg, 16, 64, shape) == _shard_bytes([cache.k, cache.v])
 
 
 def test_plan_of_qwen3_4b_on_a_slice():

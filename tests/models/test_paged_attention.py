@@ -59,7 +59,7 @@ def test_reference_matches_jax_reference():
 def test_paged_cache_layout_and_growth():
   cfg = ModelConfig.tiny_qwen3(**PAGED)
   cache = PagedKVCache.init(cfg, 3, 40)
-  assert cache.max_len == 48 and cache.kv[0].shape == (3, 48, 2 * cfg.num_kv_heads, cfg.head_dim)
+  assert cache.max_len == 48 and cache.kv.shape == (cfg.num_layers, 3, 48, 2 * cfg.num_kv_heads, cfg.head_dim)
   np.testing.assert_array_equal(cache.page_indices(), np.arange(9).reshape(3, 3))
   assert cache.grow(49).max_len == 64  # whole pages
   with pytest.raises(ValueError, match="below the current"):
@@ -132,7 +132,7 @@ def test_sharded_paged_sampler_matches_single_device(models):
     assert a.tolist() == b.tolist()
   np.testing.assert_allclose(np.concatenate(out.logp_raw), np.concatenate(ref.logp_raw), atol=1e-5)
   state = sampler.init(32, jax.random.key(0))
-  assert state.cache.kv[0].sharding.spec == jax.P("fsdp", None, "tensor", None)  # kv [B, S, 2K, H]
+  assert state.cache.kv.sharding.spec == jax.P(None, "fsdp", None, "tensor", None)  # kv [L, B, S, 2K, H]
 
 
 def _tpu_decode_module(cfg):

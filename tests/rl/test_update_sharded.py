@@ -53,9 +53,9 @@ def test_sharded_update_matches_single_device():
   s8, m8, lp8 = _run(mesh, cfg, opt_cfg, loss_cfg, batches)
 
   # Params and both Adam moments really are sharded over all 8 devices, as the rules table says.
-  q = s8.params["layers"][0]["attn"]["q_dnh"].get_value()
-  assert q.sharding.spec == jax.P("fsdp", "tensor", None) and len(q.sharding.device_set) == 8
-  mu = s8.opt_state[0].mu["layers"][0]["attn"]["q_dnh"].get_value()
+  q = s8.params["layers"]["attn"]["q_dnh"].get_value()
+  assert q.sharding.spec == jax.P(None, "fsdp", "tensor", None) and len(q.sharding.device_set) == 8
+  mu = s8.opt_state[0].mu["layers"]["attn"]["q_dnh"].get_value()
   assert mu.sharding.spec == q.sharding.spec
   assert s8.params["embed_vd"].get_value().sharding.spec == jax.P("tensor", "fsdp")
 
@@ -90,7 +90,7 @@ def test_qwen3_4b_update_lowers_on_fsdp_tensor_mesh():
   mesh = sharding.make_mesh(data=1, fsdp=4, tensor=2)
   opt_cfg = update_lib.OptimizerConfig()
   graphdef, abstract = update_lib.abstract_train_state(cfg, opt_cfg, mesh)
-  assert abstract.params["layers"][0]["mlp"]["gate_df"].get_value().sharding.spec == jax.P("fsdp", "tensor")
+  assert abstract.params["layers"]["mlp"]["gate_df"].get_value().sharding.spec == jax.P(None, "fsdp", "tensor")
   shardings = update_lib.train_state_shardings(abstract, mesh)
   update = update_lib.make_update_fn(graphdef, shardings, losses.LossConfig(), opt_cfg, mesh, micro_batch_size=4,
                                      logits_chunk_size=1024)

@@ -49,16 +49,16 @@ def test_sharded_rollouts_under_the_sampler_layout_equal_the_trainer_layout():
 
   on_train = make_sampler(graphdef, model.cfg, sc, batch=B, mesh=train_mesh, params=params, n_forced=F)
   train_params = on_train.place_params(params)  # the trainer's layout: FSDP over the embed dimension
-  q = train_params["layers"][0]["attn"]["q_dnh"].get_value()
-  assert q.sharding.spec == jax.P("fsdp", None, None)
+  q = train_params["layers"]["attn"]["q_dnh"].get_value()
+  assert q.sharding.spec == jax.P(None, "fsdp", None, None)
 
   on_tp = make_sampler(graphdef, model.cfg, sc, batch=B, mesh=sampler_mesh, params=train_params, n_forced=F)
   # Device to device: a host round trip of any parameter would raise here.
   with jax.transfer_guard_device_to_host("disallow"), jax.transfer_guard_host_to_device("disallow"):
     tp_params = on_tp.place_params(train_params)
     jax.block_until_ready(tp_params)
-  q_tp = tp_params["layers"][0]["attn"]["q_dnh"].get_value()
-  assert q_tp.sharding.spec == jax.P(None, "tensor", None)  # heads split over the tensor axis
+  q_tp = tp_params["layers"]["attn"]["q_dnh"].get_value()
+  assert q_tp.sharding.spec == jax.P(None, None, "tensor", None)  # heads split over the tensor axis
   assert q_tp.sharding.mesh.shape == sampler_mesh.shape
   np.testing.assert_array_equal(np.asarray(q_tp), np.asarray(q))
 

@@ -173,7 +173,7 @@ def test_donated_state_is_consumed():
   graphdef, params = nnx.split(model)
   sampler = make_sampler(graphdef, model.cfg, SamplingConfig(segment_len=4), batch=2)
   state = sampler.init(32, jax.random.key(0))
-  old_k = state.cache.k[0]
+  old_k = state.cache.k
   state, _ = sampler.decode(params, state, jnp.int32(4), jnp.int32(1))
   assert old_k.is_deleted()  # the cache was updated in place, not copied
 
@@ -210,14 +210,14 @@ def test_sharded_sampler_matches_single_device():
   mesh = sharding.make_mesh(data=1, fsdp=4, tensor=2)
   sampler = make_sampler(graphdef, model.cfg, sc, batch=8, mesh=mesh, params=params)
   placed = sampler.place_params(params)
-  assert placed["layers"][0]["attn"]["q_dnh"].get_value().sharding.spec == jax.P("fsdp", "tensor", None)
+  assert placed["layers"]["attn"]["q_dnh"].get_value().sharding.spec == jax.P(None, "fsdp", "tensor", None)
   out = generate(sampler, placed, PROMPTS, key=jax.random.key(3), max_new_tokens=8, n=2)
   for a, b in zip(ref.tokens, out.tokens):
     assert a.tolist() == b.tolist()
   np.testing.assert_allclose(np.concatenate(ref.logp_raw), np.concatenate(out.logp_raw), atol=1e-5)
   state = sampler.init(32, jax.random.key(0))
-  assert state.cache.k[0].sharding.spec == jax.P("fsdp", "tensor", None, None)  # keys [B, K, H, S]
-  assert state.cache.v[0].sharding.spec == jax.P("fsdp", "tensor", None, None)  # values [B, K, S, H]
+  assert state.cache.k.sharding.spec == jax.P(None, "fsdp", "tensor", None, None)  # keys [L, B, K, H, S]
+  assert state.cache.v.sharding.spec == jax.P(None, "fsdp", "tensor", None, None)  # values [L, B, K, S, H]
   assert state.last_token.sharding.spec == jax.P("fsdp")
 
 
