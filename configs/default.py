@@ -52,8 +52,8 @@ def get_config(arg=None):
   # No tool schema in the prompt: its ~150 fixed tokens would triple every sequence on 2 CPU cores and teach
   # nothing (the format comes from SFT); a real run advertises it (recipe.rl_config).
   config.rollout.update(batch_size=128, max_turns=4, max_response_len=160, max_prompt_len=64,
-                        max_tool_output_chars=256, segment_len=32, groups_per_prefill=16, prompt_bucket_min=32,
-                        chunk_len=32, cache_bucket_min=224, advertise_tools=False)
+                        max_tool_output_chars=256, segment_len=32, groups_per_prefill=16, pad_prefill_groups=False,
+                        prompt_bucket_min=32, chunk_len=32, cache_bucket_min=224, advertise_tools=False)
   config.tools = base.tools
   config.tools.update(timeout_s=5.0, memory_mb=512)
   config.reward = base.reward
@@ -68,7 +68,7 @@ def get_config(arg=None):
   # 16 prompts x 8 samples per step in 4 mini-batches (later mini-batches are off-policy, so clipping acts);
   # the sampler's log-probs serve as the old policy's (one forward pass less per step).
   config.rl.update(n=8, prompts_per_step=16, mini_batch_prompts=4, micro_batch_size=32, total_steps=60,
-                   response_bucket_min=192, logits_chunk_size=0, reuse_sampler_logp=True)
+                   response_bucket_min=192, logits_chunk_size=0, reuse_sampler_logp=True, pack_len=0)
   config.optimizer = base.optimizer
   config.optimizer.update(learning_rate=1e-4, b2=0.99)
   # ---- held-out evaluation: after SFT and after RL on the whole split; during RL on `task.curve_problems`

@@ -6,6 +6,8 @@ import os
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The TPU compiler tests load libtpu in both pytest workers (and in the subprocesses they start).
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "agentrl_jax_test_jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")

@@ -175,7 +175,8 @@ IMPLEMENTATION = (
     "eval_root",                                     # job plumbing, logging, seeds (not portable across stacks)
     "mesh.", "sampler_mesh.",                        # device layouts (verl: FSDP + Ulysses sp=4 on 8 GPUs)
     "model.checkpoint", "model.checkpoint_step", "model.hf_path", "model.tokenizer_path",  # local paths
-    "model.dtype", "model.param_dtype", "model.attention_impl",  # bf16 compute on fp32 master weights, the
+    "model.dtype", "model.param_dtype", "model.attention_impl", "model.scan_layers",  # bf16 compute on fp32
+                                                     # master weights, scanned layers, the
                                                      # attention kernel by backend (verl's FSDP mixed
                                                      # precision); the SFT's fp32 is in the table
     "data.data_dir", "data.path", "data.train_path", "data.train_schema", "data.skip_malformed",
@@ -184,9 +185,10 @@ IMPLEMENTATION = (
     "eval.ks", "eval.sources",                       # which k of avg/pass/maj@k to report; local eval files
     "reward.sources",                                # extra data_source -> reward kind pairs
     "rl.micro_batch_size", "rl.logits_chunk_size", "rl.response_bucket_min", "rl.reuse_sampler_logp",
-    "rl.dynamic_sampling_max_extra_rounds",          # memory / compile shape knobs (verl: use_dynamic_bsz)
+    "rl.dynamic_sampling_max_extra_rounds", "rl.pack_len",  # memory / compile shape knobs (verl: use_dynamic_bsz)
     "rollout.batch_size", "rollout.segment_len", "rollout.groups_per_prefill", "rollout.prompt_bucket_min",
-    "rollout.chunk_len", "rollout.cache_bucket_min", "rollout.overlap_tools",  # the compiled sampler's shapes
+    "rollout.chunk_len", "rollout.cache_bucket_min", "rollout.overlap_tools", "rollout.pad_prefill_groups",
+                                                     # the compiled sampler's shapes
     "tools.max_concurrency", "tools.sandbox_fusion_url", "tools.allow_unsandboxed", "tools.local_mode",
                                                      # executor plumbing
     "checkpoint.async_save",

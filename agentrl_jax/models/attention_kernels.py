@@ -26,12 +26,16 @@ back. With the other choices, passes over the KV cache use the `xla` path.
 from __future__ import annotations
 
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
+import numpy as np
 
 from agentrl_jax.models import kv_cache
+
+log = logging.getLogger(__name__)
 
 _BACKENDS = {"splash": ("tpu",), "cudnn": ("gpu",), "ragged_paged": ("tpu",)}
 _INTERPRETABLE = ("splash", "ragged_paged")
@@ -78,17 +82,18 @@ def _dense_attention_fwd(qg, k, v, mask_bts, scale):
 CPU_SAMPLER_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
 
 
-def sampler_compiler_options() -> dict[str, str] | None:
-  """Compiler options of the sampler's decode and extend programs on the default backend:
-  `CPU_SAMPLER_COMPILER_OPTIONS` where `decode_by_reduction`, else None (XLA's defaults)."""
-  return CPU_SAMPLER_COMPILER_OPTIONS if decode_by_reduction() else None
+def sampler_compiler_options(platform: str | None = None) -> dict[str, str] | None:
+  """Compiler options of the sampler's decode and extend programs for `platform` (default this process's
+  backend): `CPU_SAMPLER_COMPILER_OPTIONS` on XLA:CPU (see `decode_by_reduction`), else None (XLA's defaults)."""
+  return CPU_SAMPLER_COMPILER_OPTIONS if (platform or jax.default_backend()) == "cpu" else None
 
 
 def decode_by_reduction() -> bool:
   """True where one-query attention over the cache is written as reductions (`single_query_attention`): on
   XLA:CPU, whose decode and extend programs are compiled with `CPU_SAMPLER_COMPILER_OPTIONS`. Accelerators keep
-  the batched matmuls (their matrix units)."""
-  return jax.default_backend() == "cpu"
+  the batched matmuls (their matrix units). Decided by the platform compiled for (`target_platform`), so a
+  program lowered for a TPU from a CPU host takes the TPU's form."""
+  return target_platform() == "cpu"
 
 
 def single_query_attention(q: Float[Array, "B K G H"], k_t: Float[Array, "B K H S"], v: Float[Array, "B K S H"],
@@ -189,9 +194,56 @@ def splash_block(t: int) -> int:
                    "the batch to such a bucket")
 
 
-def auto_impl() -> str:
-  """`attention_impl="auto"`: splash on TPU, the XLA path elsewhere (cuDNN is opt-in until measured on a GPU)."""
-  return "splash" if jax.default_backend() == "tpu" else "xla"
+def auto_impl(backend: str | None = None, *, device=None, head_dim: int | None = None) -> str:
+  """`attention_impl="auto"`: on a TPU, the kernels that compile for its chip at this head dim, in order of
+  preference: "ragged_paged" (splash for training and scoring, the ragged paged kernel over the cache), then
+  "splash"; each refusal is logged with the compiler's reason. "xla" elsewhere (cuDNN is opt-in until measured
+  on a GPU).
+
+  Args:
+    backend: the platform compiled for (default this process's).
+    device: a device of the target chip (default this process's first device); a topology's device when
+      compiling for a slice from another host (`agentrl_jax.aot`).
+    head_dim: the model's head dim (the kernels' constraints depend on it); default 128.
+  """
+  backend = backend or jax.default_backend()
+  if backend != "tpu":
+    return "xla"
+  device = device or jax.devices()[0]
+  head_dim = head_dim or 128
+  for impl in ("ragged_paged", "splash"):
+    why = kernel_refusal(impl, device, head_dim)
+    if why is None:
+      return impl
+    log.warning("attention_impl='auto': not %r on %s at head_dim %d: %s", impl, device.device_kind, head_dim, why)
+  return "xla"
+
+
+@functools.cache
+def kernel_refusal(impl: str, device, head_dim: int) -> str | None:
+  """None when `impl`'s TPU kernels compile for `device`'s chip at `head_dim` (bfloat16, a tiny causal problem:
+  splash forward and backward, and for "ragged_paged" also one ragged paged decode step over a two-layer paged
+  cache), else the reason. Compiled by the real TPU compiler (Mosaic), once per chip and head dim."""
+  if impl == "ragged_paged" and head_dim % 128:
+    return f"the ragged paged kernel needs a head_dim that is a multiple of 128, got {head_dim}"
+  mesh = jax.sharding.Mesh(np.asarray([device]), ("data",))
+  sh = jax.sharding.NamedSharding(mesh, jax.P())
+  spec = lambda shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)  # noqa: E731
+  t, page = 256, 64
+  splash_grad = jax.jit(jax.grad(lambda q, k, v: splash_attention(q, k, v, None, 1.0).astype(jnp.float32).sum(),
+                                 argnums=(0, 1, 2)))
+  try:
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      splash_grad.trace(spec((1, t, 1, 2, head_dim)), spec((1, t, 1, head_dim)),
+                        spec((1, t, 1, head_dim))).lower().compile()
+      if impl == "ragged_paged":
+        step = jax.jit(lambda q, kv, lengths: ragged_paged_attention(q, kv, 1, lengths, jnp.ones_like(lengths), 1.0,
+                                                                     page))
+        step.trace(spec((2, 1, 1, 2, head_dim)), spec((2, 2, t, 2, head_dim)),
+                   spec((2,), jnp.int32)).lower().compile()
+  except Exception as e:  # pylint: disable=broad-except  # the compiler's refusal is the answer
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+  return None
 
 
 def splash_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
@@ -300,20 +352,20 @@ def _kernel_block_sizes(pages_per_seq: int, num_q_tokens: int) -> dict:
   return {"num_kv_pages_per_block": min(pages_per_seq, 8), "num_queries_per_block": min(32, num_q_tokens)}
 
 
-def ragged_paged_attention(qg: Float[Array, "B T K G H"], kv: Float[Array, "L B S 2K H"], layer,
+def ragged_paged_attention(qg: Float[Array, "B T K G H"], kv: Float[Array, "B L S 2K H"], layer,
                            lengths: Int[Array, "B"], chunk_lengths: Int[Array, "B"], scale: float, page_size: int, *,
                            interpret: bool = False) -> Float[Array, "B T K G H"]:
   """Attention of each row's first `chunk_lengths[b]` queries (its newest tokens, already written at slots
   `lengths[b] + t` of layer `layer` of the stacked `kv`) over its `lengths[b] + chunk_lengths[b]` cached tokens,
   through the ragged paged attention kernel; query positions past a row's chunk come back as zeros.
 
-  The kernel reads the whole stacked cache as its page pool (`[L * B * S / page_size, page_size, 2K, H]`, a
+  The kernel reads the whole stacked cache as its page pool (`[B * L * S / page_size, page_size, 2K, H]`, a
   reshape, no copy) through layer `layer`'s page table, so a scanned decoder passes it its carry as is."""
   b, t, nk, g, h = qg.shape
   layer = jnp.asarray(layer, jnp.int32)
 
   def local(qg, kv, layer, lengths, chunk_lengths):
-    nl, bl, s = kv.shape[:3]
+    bl, nl, s = kv.shape[:3]
     nk_l = kv.shape[3] // 2
     if not interpret and h % 128:
       raise ValueError(f"attention_impl='ragged_paged': the kernel needs a head_dim that is a multiple of 128, "
@@ -321,8 +373,8 @@ def ragged_paged_attention(qg: Float[Array, "B T K G H"], kv: Float[Array, "L B 
     cu = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(chunk_lengths.astype(jnp.int32))])
     q = _pack(qg.reshape(bl, t, nk_l * g, h), cu)  # [B*T, N, H]
     pages_per_row = s // page_size
-    pages = kv.reshape(nl * bl * pages_per_row, page_size, 2 * nk_l, h)
-    page_indices = kv_cache.static_page_table(bl, pages_per_row) + layer * (bl * pages_per_row)
+    pages = kv.reshape(bl * nl * pages_per_row, page_size, 2 * nk_l, h)
+    page_indices = kv_cache.static_page_table(bl, pages_per_row, nl, layer)
     args = (q, pages, (lengths + chunk_lengths).astype(jnp.int32), page_indices, cu, jnp.array([bl], jnp.int32))
     if interpret:
       out = paged_attention_reference(*args, sm_scale=scale, max_q_len=t)
@@ -340,7 +392,7 @@ def ragged_paged_attention(qg: Float[Array, "B T K G H"], kv: Float[Array, "L B 
   batch = sharding_lib.logical_to_spec(("batch",), (b,), mesh)[0]
   heads = sharding_lib.logical_to_spec(("act_kv_heads",), (nk,), mesh)[0]
   return jax.shard_map(local, mesh=mesh,
-                       in_specs=(jax.P(batch, None, heads, None, None), jax.P(None, batch, None, heads, None), jax.P(),
+                       in_specs=(jax.P(batch, None, heads, None, None), jax.P(batch, None, None, heads, None), jax.P(),
                                  jax.P(batch), jax.P(batch)),
                        out_specs=jax.P(batch, None, heads, None, None), check_vma=False)(
                            qg, kv, layer, lengths, chunk_lengths)

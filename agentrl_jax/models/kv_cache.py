@@ -6,10 +6,13 @@ chunk of T tokens per row (T = prompt length for prefill, 1 for decode, a tool r
 recomputed. Only the first `chunk_lengths[b]` tokens of a row's chunk count: the rest are padding, written to
 slots that the next chunk overwrites.
 
-Every array stacks the layers along a leading axis (`[L, B, ...]`), as the model stacks its layer parameters:
-a scanned decoder carries the whole cache through its layers and writes each layer's chunk in place.
+Every array holds all layers, row by row (`[B, L, ...]`), as the model stacks its layer parameters: a scanned
+decoder carries the whole cache through its layers and writes each layer's chunk in place. Rows outermost is
+the layout the TPU compiler keeps inside the decode loop (with the layers outermost it copied the whole cache
+into that order on every decode call, and back), and it keeps a row's cache in one piece for the row moves
+(`select_rows`, `put_rows`).
 
-Layout: keys are stored transposed, `[L, B, K, H, S]` (slots minor), values as `[L, B, K, S, H]`. With these, both
+Layout: keys are stored transposed, `[B, L, K, H, S]` (slots minor), values as `[B, L, K, S, H]`. With these, both
 attention products of a decode step are plain batched matmuls over the (B, K) batch that read the cache in
 place: scores `q [G, H] @ keys [H, S]` and output `probs [G, S] @ values [S, H]`, each streaming its half of the
 cache once. With the token-major `[B, S, K, H]` layout of the model's activations, XLA:CPU either copies the
@@ -28,19 +31,19 @@ from jaxtyping import Array, Int
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models import sharding
 
-K_AXES = ("cache_layers", "cache_batch", "cache_kv_heads", "cache_head_dim", "cache_seq")  # keys [L, B, K, H, S]
-V_AXES = ("cache_layers", "cache_batch", "cache_kv_heads", "cache_seq", "cache_head_dim")  # values [L, B, K, S, H]
+K_AXES = ("cache_batch", "cache_layers", "cache_kv_heads", "cache_head_dim", "cache_seq")  # keys [B, L, K, H, S]
+V_AXES = ("cache_batch", "cache_layers", "cache_kv_heads", "cache_seq", "cache_head_dim")  # values [B, L, K, S, H]
 K_SEQ_AXIS, V_SEQ_AXIS = 4, 3
-BATCH_AXIS = 1  # of every cache array
+LAYER_AXIS = 1  # of every cache array (rows are axis 0)
 
 
 @flax.struct.dataclass
 class KVCache:
-  """The layers' keys `[L, B, K, H, S]`, values `[L, B, K, S, H]` and the number of valid tokens of each row.
+  """The layers' keys `[B, L, K, H, S]`, values `[B, L, K, S, H]` and the number of valid tokens of each row.
 
   Attributes:
-    k: `[L, B, K, H, S]` (transposed keys; see the module docstring).
-    v: `[L, B, K, S, H]`.
+    k: `[B, L, K, H, S]` (transposed keys; see the module docstring).
+    v: `[B, L, K, S, H]`.
     lengths: `[B]` int32, valid tokens per row (also the position of the row's next token).
   """
 
@@ -52,8 +55,8 @@ class KVCache:
   def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache for `batch` rows of up to `max_len` tokens each (dtype: the compute dtype)."""
     dtype = dtype or cfg.jnp_dtype
-    k_shape = (cfg.num_layers, batch, cfg.num_kv_heads, cfg.head_dim, max_len)
-    v_shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+    k_shape = (batch, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_len)
+    v_shape = (batch, cfg.num_layers, cfg.num_kv_heads, max_len, cfg.head_dim)
     zeros = lambda shape, axes: sharding.shard(jnp.zeros(shape, dtype), axes)
     return cls(k=zeros(k_shape, K_AXES), v=zeros(v_shape, V_AXES), lengths=jnp.zeros((batch,), jnp.int32))
 
@@ -80,12 +83,11 @@ class KVCache:
 
   def select_rows(self, rows: Int[Array, "R"]) -> KVCache:
     """Gathers rows (e.g. `jnp.repeat(arange(P), n)` to share one prompt prefill across n samples)."""
-    take = lambda x: jnp.take(x, rows, axis=BATCH_AXIS)  # noqa: E731
-    return self.replace(k=take(self.k), v=take(self.v), lengths=jnp.take(self.lengths, rows, axis=0))
+    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), self)
 
   def token_major(self, layer: int) -> tuple[jax.Array, jax.Array]:
     """Layer `layer`'s keys and values as `[B, S, K, H]` (for tests and inspection; copies)."""
-    return jnp.transpose(self.k[layer], (0, 3, 1, 2)), jnp.transpose(self.v[layer], (0, 2, 1, 3))
+    return jnp.transpose(self.k[:, layer], (0, 3, 1, 2)), jnp.transpose(self.v[:, layer], (0, 2, 1, 3))
 
   def grow(self, capacity: int) -> KVCache:
     """Pads every row to `capacity` slots (the new slots are empty)."""
@@ -103,14 +105,14 @@ class KVCache:
     """Writes `other`'s R rows into row slots `rows` (index >= B drops the row): slots `[0, other.max_len)` of
     each row are replaced, later slots are kept, and the rows' lengths become `other`'s."""
     t = other.max_len
-    k = self.k.at[:, rows, :, :, :t].set(other.k.astype(self.k.dtype), mode="drop")
-    v = self.v.at[:, rows, :, :t].set(other.v.astype(self.v.dtype), mode="drop")
+    k = self.k.at[rows, :, :, :, :t].set(other.k.astype(self.k.dtype), mode="drop")
+    v = self.v.at[rows, :, :, :t].set(other.v.astype(self.v.dtype), mode="drop")
     return self.replace(k=sharding.shard(k, K_AXES), v=sharding.shard(v, V_AXES),
                         lengths=self.lengths.at[rows].set(other.lengths, mode="drop"))
 
 
 def _write_rows(cache: jax.Array, chunk: jax.Array, lengths: jax.Array, layer, put) -> jax.Array:
-  """Per-row scatter of `chunk [B, T, ...]` into layer `layer` of the stacked `cache [L, B, ...]`; `put(row,
+  """Per-row scatter of `chunk [B, T, ...]` into layer `layer` of the stacked `cache [B, L, ...]`; `put(row,
   layer, slots, chunk_row)` writes one row (`row` is `[L, ...]`).
 
   Written with vmap over the batch axis so that it is a scatter batching dimension, which the SPMD partitioner
@@ -123,7 +125,7 @@ def _write_rows(cache: jax.Array, chunk: jax.Array, lengths: jax.Array, layer, p
   def one_row(row, c, start):
     return put(row, layer, start + jnp.arange(t), c)
 
-  return jax.vmap(one_row, in_axes=(BATCH_AXIS, 0, 0), out_axes=BATCH_AXIS)(cache, chunk, lengths)
+  return jax.vmap(one_row)(cache, chunk, lengths)
 
 
 def write_chunk(cache_k: jax.Array, cache_v: jax.Array, new_k: jax.Array, new_v: jax.Array, lengths: jax.Array,
@@ -142,33 +144,35 @@ def write_chunk(cache_k: jax.Array, cache_v: jax.Array, new_k: jax.Array, new_v:
 
 
 # ------------------------------------------------------------------------------------------------ paged layout
-PAGED_AXES = ("cache_layers", "cache_batch", "cache_seq", "cache_kv_heads", "cache_head_dim")  # kv [L, B, S, 2K, H]
+PAGED_AXES = ("cache_batch", "cache_layers", "cache_seq", "cache_kv_heads", "cache_head_dim")  # kv [B, L, S, 2K, H]
 
 
 def _round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
-def static_page_table(batch: int, pages: int) -> Int[Array, "B P"]:
-  """Row b owns pages `[b * pages, (b + 1) * pages)`, in order (the page table of a `PagedKVCache`)."""
-  return jnp.arange(batch * pages, dtype=jnp.int32).reshape(batch, pages)
+def static_page_table(batch: int, pages: int, layers: int = 1, layer=0) -> Int[Array, "B P"]:
+  """Row b's pages of layer `layer` (an int or a traced scalar) in a `[B, L, S]` page pool of `pages` pages per
+  row and layer: pages `[(b * layers + layer) * pages, ...)`, in order (the page table of a `PagedKVCache`)."""
+  rows = (jnp.arange(batch, dtype=jnp.int32) * layers + layer) * pages
+  return rows[:, None] + jnp.arange(pages, dtype=jnp.int32)[None, :]
 
 
 @flax.struct.dataclass
 class PagedKVCache:
   """The KV cache as pages of `page_size` tokens, for the ragged paged attention kernel (`attention_impl=
-  "ragged_paged"`, TPU): one array `kv [L, B, S, 2K, H]` with keys and values interleaved by head (k0, v0, k1,
-  v1, ...), which is the kernel's `kv_pages [L * B * S / page_size, page_size, 2K, H]` without a copy: layer l's
-  pages are the kernel's pages offset by `l * B * S / page_size`.
+  "ragged_paged"`, TPU): one array `kv [B, L, S, 2K, H]` with keys and values interleaved by head (k0, v0, k1,
+  v1, ...), which is the kernel's `kv_pages [B * L * S / page_size, page_size, 2K, H]` without a copy.
 
-  Row b owns pages `[b * S / page_size, (b + 1) * S / page_size)` of each layer (a static page table,
-  `page_indices`), so rows move between slots by copying their pages, as the other layout copies its rows. What
+  Row b's layer l owns pages `[(b * L + l) * S / page_size, (b * L + l + 1) * S / page_size)` (a static page
+  table per layer, `page_indices`), so rows move between slots by copying their pages, as the other layout copies
+  its rows. What
   the layout buys is the kernel: each row's queries read the pages its own length covers, not the batch's
   capacity. Capacities are rounded up to whole pages. Same interface as `KVCache` (init, select_rows, put_rows,
   grow, lengths).
 
   Attributes:
-    kv: `[L, B, S, 2K, H]`.
+    kv: `[B, L, S, 2K, H]`.
     lengths: `[B]` int32, valid tokens per row.
     page_size: tokens per page (static).
   """
@@ -180,7 +184,7 @@ class PagedKVCache:
   @classmethod
   def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> PagedKVCache:
     dtype = dtype or cfg.jnp_dtype
-    shape = (cfg.num_layers, batch, _round_up(max_len, cfg.kv_page_size), 2 * cfg.num_kv_heads, cfg.head_dim)
+    shape = (batch, cfg.num_layers, _round_up(max_len, cfg.kv_page_size), 2 * cfg.num_kv_heads, cfg.head_dim)
     return cls(kv=sharding.shard(jnp.zeros(shape, dtype), PAGED_AXES), lengths=jnp.zeros((batch,), jnp.int32),
                page_size=cfg.kv_page_size)
 
@@ -196,9 +200,9 @@ class PagedKVCache:
   def dtype(self):
     return self.kv.dtype
 
-  def page_indices(self) -> Int[Array, "B P"]:
-    """The page table of layer 0: row b's pages, in order."""
-    return static_page_table(self.batch, self.max_len // self.page_size)
+  def page_indices(self, layer: int = 0) -> Int[Array, "B P"]:
+    """The page table of layer `layer`: row b's pages of that layer, in order."""
+    return static_page_table(self.batch, self.max_len // self.page_size, self.kv.shape[LAYER_AXIS], layer)
 
   def arrays(self) -> tuple[jax.Array]:
     """The stacked array as the model's attention takes it: `(kv,)`."""
@@ -210,11 +214,11 @@ class PagedKVCache:
     return self.replace(kv=kv, lengths=lengths)
 
   def select_rows(self, rows: Int[Array, "R"]) -> PagedKVCache:
-    return self.replace(kv=jnp.take(self.kv, rows, axis=BATCH_AXIS), lengths=jnp.take(self.lengths, rows, axis=0))
+    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), self)
 
   def token_major(self, layer: int) -> tuple[jax.Array, jax.Array]:
     """Layer `layer`'s keys and values as `[B, S, K, H]` (for tests and inspection; copies)."""
-    return self.kv[layer][:, :, 0::2], self.kv[layer][:, :, 1::2]
+    return self.kv[:, layer][:, :, 0::2], self.kv[:, layer][:, :, 1::2]
 
   def grow(self, capacity: int) -> PagedKVCache:
     """Adds empty pages so every row holds at least `capacity` slots."""
@@ -226,14 +230,14 @@ class PagedKVCache:
   def put_rows(self, rows: Int[Array, "R"], other: PagedKVCache) -> PagedKVCache:
     """Writes `other`'s R rows into row slots `rows` (index >= B drops the row), as `KVCache.put_rows`."""
     t = other.max_len
-    kv = self.kv.at[:, rows, :t].set(other.kv.astype(self.kv.dtype), mode="drop")
+    kv = self.kv.at[rows, :, :t].set(other.kv.astype(self.kv.dtype), mode="drop")
     return self.replace(kv=sharding.shard(kv, PAGED_AXES), lengths=self.lengths.at[rows].set(other.lengths, mode="drop"))
 
 
 def write_chunk_paged(cache_kv: jax.Array, new_k: jax.Array, new_v: jax.Array, lengths: jax.Array,
                       layer) -> jax.Array:
   """Writes one layer's chunk `new_k, new_v [B, T, K, H]` at slots `lengths[b] + t` of layer `layer` of the
-  stacked `kv [L, B, S, 2K, H]` (keys at even, values at odd combined heads); slots past the end are dropped,
+  stacked `kv [B, L, S, 2K, H]` (keys at even, values at odd combined heads); slots past the end are dropped,
   as in `write_chunk`."""
   b, t, nk, h = new_k.shape
   chunk = jnp.stack([new_k, new_v], axis=3).reshape(b, t, 2 * nk, h).astype(cache_kv.dtype)

@@ -8,10 +8,12 @@ The block's fields (all jobs use the same ones):
     checkpoint_step which step of `checkpoint` (0 = the latest)
     tokenizer_path  tokenizer directory; default `hf_path` (the jobs fill in the embedded task's tokenizer when
                     both are empty: `agentrl_jax.tasks.tokenizer.fill_model_block`)
-    attention_impl  the attention kernel ("" = the ModelConfig's "xla"; "auto": splash on TPU, xla elsewhere)
-    param_dtype, dtype, remat   overrides of the ModelConfig fields ("" = keep); `dtype="auto"` is the compute
-                    dtype of the backend: bfloat16 on TPU and GPU, float32 on CPU (master weights, optimizer
-                    state, logits, log-probs, loss and entropy stay float32 either way)
+    attention_impl  the attention kernel ("" = the ModelConfig's "xla"; "auto": on a TPU the kernels that compile
+                    for its chip, ragged paged else splash (`attention_kernels.auto_impl`); xla elsewhere)
+    param_dtype, dtype, remat, scan_layers
+                    overrides of the ModelConfig fields ("" = keep); `dtype="auto"` is the compute dtype of the
+                    backend: bfloat16 on TPU and GPU, float32 on CPU (master weights, optimizer state, logits,
+                    log-probs, loss and entropy stay float32 either way)
 """
 
 from __future__ import annotations
@@ -30,24 +32,39 @@ from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.qwen import Qwen
 
 log = logging.getLogger(__name__)
-_OVERRIDES = ("param_dtype", "dtype", "remat", "attention_impl")
+_OVERRIDES = ("param_dtype", "dtype", "remat", "attention_impl", "scan_layers")
 
 
-def compute_dtype(dtype: str) -> str:
+def compute_dtype(dtype: str, backend: str | None = None) -> str:
   """A model block's `dtype`: "auto" -> bfloat16 on accelerators, float32 on CPU (where bf16 matmuls are
-  emulated and slower); anything else as given."""
+  emulated and slower); anything else as given. `backend`: the platform compiled for (default this process's)."""
   if dtype != "auto":
     return dtype
-  return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+  return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
 
 
-def tokenizer_and_config(m: ml_collections.ConfigDict):
-  """The tokenizer and the `ModelConfig` the block describes (nothing is allocated)."""
+def config_overrides(m: ml_collections.ConfigDict, backend: str | None = None) -> dict:
+  """The `ModelConfig` fields the block overrides, with `dtype="auto"` resolved for `backend`; an
+  `attention_impl="auto"` is left out (it is chosen once the config is known: `attention_kernels.auto_impl`)."""
   overrides = {k: m[k] for k in _OVERRIDES if m.get(k) not in (None, "")}
   if "dtype" in overrides:
-    overrides["dtype"] = compute_dtype(overrides["dtype"])
+    overrides["dtype"] = compute_dtype(overrides["dtype"], backend)
   if overrides.get("attention_impl") == "auto":
-    overrides["attention_impl"] = attention_kernels.auto_impl()
+    del overrides["attention_impl"]
+  return overrides
+
+
+def tokenizer_and_config(m: ml_collections.ConfigDict, overrides: dict | None = None):
+  """The tokenizer and the `ModelConfig` the block describes (nothing is allocated); `overrides` default to
+  `config_overrides(m)` on this process's backend."""
+  overrides = config_overrides(m) if overrides is None else overrides
+  tokenizer, cfg = _tokenizer_and_config(m, overrides)
+  if m.get("attention_impl") == "auto":
+    cfg = cfg.replace(attention_impl=attention_kernels.auto_impl(head_dim=cfg.head_dim))
+  return tokenizer, cfg
+
+
+def _tokenizer_and_config(m: ml_collections.ConfigDict, overrides: dict):
   tok_path = m.get("tokenizer_path") or m.get("hf_path")
   if not tok_path:
     raise ValueError("model.tokenizer_path and model.hf_path are both empty: no tokenizer to load (the jobs "
@@ -102,7 +119,7 @@ def load_policy(m: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, key: jax.
 def model_block(**kw) -> ml_collections.ConfigDict:
   """A `model` config block with every field present (configs override what they need)."""
   block = dict(size="tiny_qwen3", hf_path="", checkpoint="", checkpoint_step=0, tokenizer_path="", param_dtype="",
-               dtype="", remat=False, attention_impl="")
+               dtype="", remat=False, attention_impl="", scan_layers=True)
   unknown = set(kw) - set(block)
   if unknown:
     raise ValueError(f"model_block: unknown fields {sorted(unknown)}")

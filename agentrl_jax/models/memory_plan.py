@@ -28,9 +28,33 @@ from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
 
 GIB = 1 << 30
-# TPU generation -> (HBM bytes per chip, TensorCores per chip: a "v4-32" slice names cores, "v6e-16" chips).
-CHIPS = {"v4": (32 * GIB, 2), "v5p": (95 * GIB, 2), "v5e": (16 * GIB, 1), "v5litepod": (16 * GIB, 1),
-         "v6e": (32 * GIB, 1)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """A TPU generation's per-chip figures (vendor data sheets), for plans and roofline estimates.
+
+  Attributes:
+    hbm: HBM bytes per chip.
+    cores: TensorCores per chip (a "v4-32" or "v5p-16" slice is named by cores, "v6e-16" by chips).
+    bf16_flops: dense bf16 peak FLOP/s per chip.
+    hbm_bytes_s: HBM bandwidth per chip, bytes/s.
+    device_kind: how JAX names the chip (`device.device_kind`).
+  """
+
+  hbm: int
+  cores: int
+  bf16_flops: float
+  hbm_bytes_s: float
+  device_kind: str
+
+
+CHIP_SPECS = {"v4": Chip(32 * GIB, 2, 275e12, 1.2e12, "TPU v4"), "v5p": Chip(95 * GIB, 2, 459e12, 2.765e12, "TPU v5"),
+              "v5e": Chip(16 * GIB, 1, 197e12, 0.819e12, "TPU v5 lite"),
+              "v6e": Chip(32 * GIB, 1, 918e12, 1.64e12, "TPU v6 lite")}
+CHIP_SPECS["v5litepod"] = CHIP_SPECS["v5e"]
+# TPU generation -> (HBM bytes per chip, TensorCores per chip).
+CHIPS = {name: (c.hbm, c.cores) for name, c in CHIP_SPECS.items()}
 
 
 def parse_slice(name: str) -> tuple[int, int]:
@@ -123,7 +147,7 @@ def kv_cache_bytes(cfg: ModelConfig, rows: int, seq: int, mesh_shape: dict[str, 
   mesh = jax.sharding.AbstractMesh(tuple(mesh_shape[a] for a in sharding_lib.MESH_AXES), sharding_lib.MESH_AXES)
   total = 0
   nl, k, h = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
-  for shape, axes in (((nl, rows, k, h, seq), kv_cache.K_AXES), ((nl, rows, k, seq, h), kv_cache.V_AXES)):
+  for shape, axes in (((rows, nl, k, h, seq), kv_cache.K_AXES), ((rows, nl, k, seq, h), kv_cache.V_AXES)):
     spec = sharding_lib.logical_to_spec(axes, shape, mesh)
     total += _per_device(shape, spec, mesh_shape) * _itemsize(cfg.dtype)
   return total

@@ -9,7 +9,7 @@ One `__call__` serves three uses:
 * prefill, decode and extend: `model(tokens, cache=cache, chunk_lengths=...)` appends the chunk to the cache.
 
 The decoder layers' parameters are stacked along a leading layer axis (`model.layers.attn.q_dnh` is
-`[L, D, N, H]`), and so is the KV cache (`[L, B, ...]`). With `ModelConfig.scan_layers` (the default) the stack
+`[L, D, N, H]`), and the KV cache holds every layer's keys and values row by row (`[B, L, ...]`). With `ModelConfig.scan_layers` (the default) the stack
 runs as one `lax.scan` over that axis, so a program holds one layer's code whatever the depth and compiles in
 time independent of it (MaxText's `scan_layers`); with remat, the scanned body is rematerialised. Unrolled
 (`scan_layers=False`), the same parameters are split into L layers and run one after the other: the same sums,
@@ -156,7 +156,7 @@ class Attention(nnx.Module):
                                                      scale, cfg.kv_page_size, interpret=cfg.attention_interpret)
     elif cache_kv is not None:
       new_cache = write_chunk(*cache_kv, k, v, cache_lengths, layer)
-      k_t, v_l = (jax.lax.dynamic_index_in_dim(a, layer, 0, keepdims=False).astype(dt) for a in new_cache)
+      k_t, v_l = (jax.lax.dynamic_index_in_dim(a, layer, 1, keepdims=False).astype(dt) for a in new_cache)
       out = _cached_attention(qg, k_t, v_l, mask_bts, scale)
     elif cfg.attention_impl in ("splash", "ragged_paged"):
       out = attention_kernels.splash_attention(qg, k, v, segment_ids, scale, interpret=cfg.attention_interpret)

@@ -148,3 +148,63 @@ def split_minibatches(batch: dict[str, np.ndarray], size: int) -> list[dict[str,
   """Consecutive slices of `size` rows (the last one may be shorter only if B is not a multiple of size)."""
   b = next(iter(batch.values())).shape[0]
   return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, b, size)]
+
+
+def pack_minibatch(mb: dict[str, np.ndarray], lengths: np.ndarray, *, pack_len: int,
+                   micro_batch_size: int) -> dict[str, np.ndarray]:
+  """Packs a mini-batch of episode rows (`update_batch` layout, one episode per row) into rows of `pack_len`
+  tokens, several episodes per row, as verl's `use_dynamic_bsz` with `ppo_max_token_len_per_gpu` does.
+
+  The packed batch keeps the mini-batch's row count B (the worst case: every episode fills a row), so the update
+  compiles once whatever the episodes' lengths, and lays the rows out so that whole micro-batches stay empty
+  at the end (micro-batch i holds rows i, i + B / micro_batch_size, ...; see `rl.update._to_micro`), which the
+  update skips. Each episode becomes a segment (`segment_ids` from 1, positions from 0); its first token, a
+  prompt token, is never trained, as packed rows require.
+
+  Args:
+    mb: tokens, loss_mask, sampler_logp [B, T] and advantages [B] of B episode rows (prompt then response).
+    lengths: [B] tokens of each row's episode (0 for padding rows).
+    pack_len: tokens per packed row (>= the longest episode).
+    micro_batch_size: rows per micro-batch of the update (divides B).
+
+  Returns:
+    tokens, loss_mask, sampler_logp, advantages (per token), positions, segment_ids: [B, pack_len].
+
+  Raises:
+    ValueError: an episode longer than `pack_len`.
+  """
+  b = mb["tokens"].shape[0]
+  if b % micro_batch_size:
+    raise ValueError(f"pack_minibatch: {b} rows are not a multiple of micro_batch_size={micro_batch_size}")
+  longest = int(np.max(lengths, initial=0))
+  if longest > pack_len:
+    raise ValueError(f"pack_minibatch: an episode of {longest} tokens does not fit rows of pack_len={pack_len} "
+                     "(rl.pack_len must be >= rollout.max_prompt_len + rollout.max_response_len)")
+  rows: list[list[int]] = []
+  free: list[int] = []
+  for i in sorted(np.flatnonzero(lengths > 0), key=lambda i: -lengths[i]):  # first fit, longest first
+    for r, space in enumerate(free):
+      if space >= lengths[i]:
+        rows[r].append(i)
+        free[r] -= lengths[i]
+        break
+    else:
+      rows.append([i])
+      free.append(pack_len - lengths[i])
+  n_micro = b // micro_batch_size
+  out = {k: np.zeros((b, pack_len), np.int32 if k in ("tokens", "positions", "segment_ids") else np.float32)
+         for k in ("tokens", "loss_mask", "sampler_logp", "advantages", "positions", "segment_ids")}
+  for j, ids in enumerate(rows):
+    dest = j // micro_batch_size + (j % micro_batch_size) * n_micro
+    start = 0
+    for seg, i in enumerate(ids, start=1):
+      n = int(lengths[i])
+      sl = slice(start, start + n)
+      out["tokens"][dest, sl] = mb["tokens"][i, :n]
+      out["loss_mask"][dest, sl] = mb["loss_mask"][i, :n]
+      out["sampler_logp"][dest, sl] = mb["sampler_logp"][i, :n]
+      out["advantages"][dest, sl] = mb["advantages"][i]
+      out["positions"][dest, sl] = np.arange(n)
+      out["segment_ids"][dest, sl] = seg
+      start += n
+  return out

@@ -69,7 +69,11 @@ def rl_config(**model) -> ml_collections.ConfigDict:
       max_calls_per_turn=1,
       end_on_failed_call=False,      # the reference ends the episode; we answer with the error instead
       overlap_tools=False,           # pause the batch while tools run: measured faster up to ~1 s per call
-      segment_len=64, groups_per_prefill=8, prompt_bucket_min=256, chunk_len=64, cache_bucket_min=1024,
+      # Few programs (`python -m agentrl_jax.aot` lists them): every prefill call pads to 8 groups and to one
+      # prompt bucket (the longest prompt), so prefill compiles once; on a TPU the padding rows cost a fraction
+      # of a second per wave next to minutes of decoding, where each program costs tens of seconds to compile.
+      segment_len=64, groups_per_prefill=8, pad_prefill_groups=True, prompt_bucket_min=2560, chunk_len=64,
+      cache_bucket_min=1024,
       advertise_tools=True,
       temperature=1.0, top_p=1.0, top_k=0))
   config.tools = ml_collections.ConfigDict(dict(
@@ -88,6 +92,11 @@ def rl_config(**model) -> ml_collections.ConfigDict:
       dynamic_sampling=False, dynamic_sampling_max_extra_rounds=3,
       reuse_sampler_logp=False,      # True: the sampler's log-probs as the old policy's (no recompute pass)
       response_bucket_min=1024, logits_chunk_size=1024,
+      # > 0: episodes packed into rows of this many tokens for scoring and the update, as the reference runs
+      # (verl's use_dynamic_bsz with ppo_max_token_len_per_gpu = max prompt + max response = 23040): one update
+      # and one scoring program whatever the lengths, no padding computed; 0: one episode per row, rows padded
+      # to a length bucket (a program per bucket).
+      pack_len=2560 + 20480,
       loss=dict(policy_loss="ppo_clip", clip_low=0.2, clip_high=0.28, dual_clip_c=10.0, loss_agg_mode="token-mean",
                 entropy_coeff=0.0, kl_coeff=0.0, kl_type="low_var_kl"),
       advantage=dict(estimator="grpo", norm_by_std=True)))
@@ -114,12 +123,12 @@ def shrink_for_smoke(config: ml_collections.ConfigDict) -> ml_collections.Config
   config.mesh.num_devices = 1
   config.data.update(train_path="", toy_problems=64, toy_levels=[0, 1, 2])
   config.rollout.update(batch_size=16, max_turns=3, max_response_len=64, max_prompt_len=64, max_tool_output_chars=256,
-                        segment_len=16, prompt_bucket_min=32, chunk_len=16, cache_bucket_min=64,
-                        advertise_tools=False)
+                        segment_len=16, pad_prefill_groups=False, prompt_bucket_min=32, chunk_len=16,
+                        cache_bucket_min=64, advertise_tools=False)
   config.tools.update(timeout_s=5.0, memory_mb=512)
   config.reward.overlong_buffer_tokens = 16
   config.rl.update(n=4, prompts_per_step=4, mini_batch_prompts=2, micro_batch_size=8, total_steps=2,
-                   response_bucket_min=32, logits_chunk_size=0)
+                   response_bucket_min=32, logits_chunk_size=0, pack_len=128)
   config.eval.update(sources=[], at_start=False, n=2, ks=[1, 2])
   config.checkpoint.update(every_steps=1, async_save=False)
   return config

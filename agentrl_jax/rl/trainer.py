@@ -76,6 +76,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   if mini_rows % rl.micro_batch_size:
     raise ValueError(f"rl.micro_batch_size={rl.micro_batch_size} must divide the mini-batch of "
                      f"{mini_rows} episodes (mini_batch_prompts x n)")
+  if rl.get("pack_len"):
+    if rl.pack_len < config.rollout.max_prompt_len + config.rollout.max_response_len:
+      raise ValueError(f"rl.pack_len={rl.pack_len} is shorter than the longest episode (rollout.max_prompt_len + "
+                       f"max_response_len = {config.rollout.max_prompt_len + config.rollout.max_response_len})")
+    if loss_cfg.loss_agg_mode != "token-mean":
+      raise ValueError(f"rl.pack_len needs rl.loss.loss_agg_mode='token-mean' (a packed row holds several "
+                       f"sequences), got {loss_cfg.loss_agg_mode!r}")
   # Named keys from one root: init (random weights), sample (rollouts), update; each folded with the step.
   root = jax.random.key(config.seed)
   init_key, sample_key, eval_key, update_key = jax.random.split(root, 4)
@@ -215,18 +222,23 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       collated = collate(episodes, pad_id=pad_id, prompt_bucket_min=rollout_cfg.prompt_bucket_min,
                          response_bucket_min=rl.response_bucket_min, batch_multiple=mini_rows)
       full = batch_lib.update_batch(collated, adv)
+      full["lengths"] = collated["prompt_lens"] + collated["response_lens"]
 
       # ---- old (and reference) log-probs, then one update per mini-batch
       t0 = time.perf_counter()
       minis = []
       for mb in batch_lib.split_minibatches(full, mini_rows):
+        lengths = mb.pop("lengths")
+        if rl.get("pack_len"):  # several episodes per row; one update shape whatever the lengths
+          mb = batch_lib.pack_minibatch(mb, lengths, pack_len=rl.pack_len, micro_batch_size=rl.micro_batch_size)
         arrays = multihost.to_global(mb, bsh)  # each process builds its own devices' rows
+        scoring = {k: arrays[k] for k in update_lib.LOGPROB_KEYS if k in arrays}
         if rl.reuse_sampler_logp:
           arrays["old_logp"] = arrays["sampler_logp"]
         else:
-          arrays["old_logp"] = logprobs(state.params, {"tokens": arrays["tokens"]})
+          arrays["old_logp"] = logprobs(state.params, scoring)
         if ref_params is not None:
-          arrays["ref_logp"] = logprobs(ref_params, {"tokens": arrays["tokens"]})
+          arrays["ref_logp"] = logprobs(ref_params, scoring)
         if loss_cfg.tis_cap is None:
           arrays.pop("sampler_logp")
         minis.append(arrays)

@@ -343,13 +343,21 @@ def make_update_fn(
       (_, metrics), grads = grad_fn(params, batch, norm)
       return constrain(jax.tree.map(lambda g: g.astype(accum_dtype), grads)), metrics
 
-    def body(acc, mb):
+    def accumulate(acc, mb):
       (_, metrics), grads = grad_fn(params, mb, norm)
       acc = jax.tree.map(lambda a, g: a + g.astype(accum_dtype), acc, grads)
       return constrain(acc), metrics
 
     zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), params))
     micro = {k: _to_micro(v, n_micro) for k, v in batch.items()}
+    no_metrics = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype),
+                              jax.eval_shape(accumulate, zeros, jax.tree.map(lambda x: x[0], micro))[1])
+
+    def body(acc, mb):
+      # A micro-batch with no trained token adds nothing: skip its forward and backward (packed batches have a
+      # fixed row count, so their trailing micro-batches are often empty).
+      return lax.cond(jnp.any(mb["loss_mask"]), accumulate, lambda acc, _: (acc, no_metrics), acc, mb)
+
     grads, metrics = lax.scan(body, zeros, micro)
     # Every metric is normalised by the whole mini-batch, so micro-batch values add up.
     return grads, jax.tree.map(lambda m: jnp.sum(m, axis=0), metrics)
@@ -450,6 +458,14 @@ def make_logprobs_fn(
       # Params ride in the carry rather than being closed over: nnx.remat inside the loop body must see
       # them as values of the body's own trace.
       micro = {k: _to_micro(v, n) for k, v in batch.items()}
-      return _from_micro(lax.scan(lambda p, mb: (p, fwd(p, mb)), params, micro)[1])
+
+      def body(p, mb):
+        if "segment_ids" not in mb:
+          return p, fwd(p, mb)
+        # Packed rows: a micro-batch of empty rows (segment 0 only) is not computed.
+        return p, lax.cond(jnp.any(mb["segment_ids"] > 0), fwd, lambda p, mb: jnp.zeros(mb["tokens"].shape,
+                                                                                         jnp.float32), p, mb)
+
+      return _from_micro(lax.scan(body, params, micro)[1])
 
   return jax.jit(logprobs, in_shardings=(param_shardings, bs), out_shardings=bs)

@@ -45,7 +45,8 @@ from agentrl_jax.rollout.config import RolloutConfig
 from agentrl_jax.rollout.episode import CallInfo, Episode, TurnInfo
 from agentrl_jax.rollout.parser import ToolCall, parse_tool_calls
 from agentrl_jax.sampling import sampler as sampler_lib
-from agentrl_jax.sampling.config import SamplingConfig, StopReason, bucket, pow2_bucket
+from agentrl_jax.rollout.shapes import max_capacity, prefill_groups
+from agentrl_jax.sampling.config import SamplingConfig, StopReason, bucket
 from agentrl_jax.sampling.sampler import Sampler
 from agentrl_jax.tools.base import ExecResult, Executor
 from agentrl_jax.tools.code_interpreter import format_result, prepare_code, truncate_middle
@@ -214,7 +215,7 @@ def run_rollout(
   tool_end_ids = sampler.sampling.tool_end_token_ids
   resumable = set(tool_end_ids) | ({renderer.im_end} if renderer.im_end is not None else set())
   f_len = sampler.n_forced
-  max_cap = bucket(cfg.max_prompt_len, cfg.prompt_bucket_min) + cfg.max_response_len + seg + 1
+  max_cap = max_capacity(cfg)
   # The cache grows in buckets as rows get longer (attention over the xla path reads every slot), or is
   # allocated at its largest once where attention reads each row's own length (Sampler.fixed_capacity). It is
   # made by the first `ensure_capacity` (the first prefill's), at the bucket that call needs, so no grow program
@@ -331,10 +332,7 @@ def run_rollout(
     if g == 0:
       return
     groups = [queue.popleft() for _ in range(g)]
-    gp = min(pow2_bucket(g), max(1, pow2_bucket(cfg.groups_per_prefill)))
-    while gp * n > b:
-      gp //= 2
-    gp = max(gp, g)
+    gp = prefill_groups(g, n, cfg)
     t = bucket(max(len(prompts[i]) for i in groups), cfg.prompt_bucket_min)
     tokens = np.zeros((gp, t), np.int32)
     lengths = np.zeros((gp,), np.int32)

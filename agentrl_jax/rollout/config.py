@@ -32,6 +32,9 @@ class RolloutConfig:
     min_resume_rows: with `overlap_tools`, rows whose tools returned are resumed (one extend call) once this many
       are ready, or when no row is decoding.
     groups_per_prefill: most prompt groups prefilled by one call (their count is bucketed to a power of two).
+    pad_prefill_groups: pad every prefill call to `groups_per_prefill` groups: one prefill program per prompt
+      bucket instead of one per power of two up to it (on an accelerator the padding rows cost little next to
+      the compile; `agentrl_jax.aot` counts the programs).
     prompt_bucket_min: smallest prompt-length bucket (buckets: x2 and x1.5 steps).
     chunk_len: tokens per extend call and row: a tool response (plus the pending token) is appended in chunks
       of this length, so extend compiles once per cache capacity.
@@ -54,6 +57,7 @@ class RolloutConfig:
   min_tool_stops: int = 1
   min_resume_rows: int = 1
   groups_per_prefill: int = 8
+  pad_prefill_groups: bool = False
   prompt_bucket_min: int = 64
   chunk_len: int = 64
   extend_rows: int | None = None

@@ -85,6 +85,17 @@ def bucket(n: int, minimum: int = 16, maximum: int | None = None) -> int:
   return b if maximum is None else min(b, maximum)
 
 
+def bucket_values(minimum: int, maximum: int) -> tuple[int, ...]:
+  """Every value `bucket(n, minimum, maximum)` takes for 1 <= n <= maximum, ascending."""
+  values, b = {maximum}, max(1, minimum)
+  while b < maximum:
+    values.add(b)
+    if (b * 3) % 2 == 0:
+      values.add(b * 3 // 2)
+    b *= 2
+  return tuple(sorted(v for v in values if v <= maximum))
+
+
 def pow2_bucket(n: int, minimum: int = 1) -> int:
   """Smallest power of two >= max(n, minimum)."""
   return 1 << max(0, (max(n, minimum) - 1).bit_length())

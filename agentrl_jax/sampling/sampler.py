@@ -374,6 +374,9 @@ class Sampler:
   decode: Callable[..., tuple[SamplingState, Segment]]
   grow: Callable[..., SamplingState]
   param_shardings: Any = None
+  jitted: dict[str, Any] = dataclasses.field(default_factory=dict)
+  """The jitted functions behind the entry points (`prefill_groups` as `n -> jitted`), for ahead-of-time
+  compilation (`agentrl_jax.aot`): `jitted["decode"].trace(*abstract args)` under `jax.set_mesh(mesh)`."""
 
   @property
   def fixed_capacity(self) -> bool:
@@ -441,7 +444,7 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
   # Compiler options of the programs that step over the cache (decode, extend): on XLA:CPU, YNNPACK for
   # reductions only (see `attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS`); elsewhere, and for prefill, the
   # defaults.
-  cached_opts = attention_kernels.sampler_compiler_options()
+  cached_opts = attention_kernels.sampler_compiler_options(None if mesh is None else mesh.devices.flat[0].platform)
   param_sh = None
   if mesh is None:
     jit_prefill = functools.cache(lambda n: jax.jit(fns["prefill_groups"](n), donate_argnums=(1,)))
@@ -494,4 +497,6 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
       extend=lambda *a: run(jit_extend, *a),
       decode=lambda *a: run(jit_decode, *a),
       grow=lambda state, capacity: run(jit_grow, state, capacity),
+      jitted={"init": jit_init, "prefill_groups": jit_prefill, "extend": jit_extend, "decode": jit_decode,
+              "grow": jit_grow},
   )

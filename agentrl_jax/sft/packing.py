@@ -61,6 +61,11 @@ def row_bucket(rows: int, micro_rows: int, max_rows: int) -> int:
   return max(min(bucket, cap), math.ceil(rows / micro_rows) * micro_rows)
 
 
+def row_buckets(micro_rows: int, max_rows: int) -> tuple[int, ...]:
+  """Every row count `pack` can pad a step to (`row_bucket` over 1..max_rows): the SFT step's shapes."""
+  return tuple(sorted({row_bucket(r, micro_rows, max_rows) for r in range(1, max_rows + 1)}))
+
+
 def pack(conversations: Sequence[EncodedConversation], *, seq_len: int, micro_rows: int,
          max_rows: int) -> PackedBatch:
   """Packs conversations (each at most `seq_len + 1` tokens) into `[M, micro_rows, seq_len]` arrays.

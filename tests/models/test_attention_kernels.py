@@ -166,16 +166,30 @@ def test_splash_needs_a_length_its_blocks_divide():
   assert [attention_kernels.splash_block(t) for t in (128, 256, 1280, 2048)] == [128, 256, 256, 512]
 
 
-def test_auto_chooses_splash_on_tpu_only(monkeypatch):
+def test_auto_is_xla_off_tpu():
   from agentrl_jax.models import loading
   from agentrl_jax.rl import recipe
 
   assert recipe.rl_config().model.attention_impl == "auto"
   assert loading.tokenizer_and_config(loading.model_block(size="tiny_qwen3", attention_impl="auto",
                                                           tokenizer_path=testing.tiny_tokenizer_dir()))[1].attention_impl == "xla"
-  for backend, want in (("tpu", "splash"), ("gpu", "xla"), ("cpu", "xla")):
-    monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
-    assert attention_kernels.auto_impl() == want
+  assert attention_kernels.auto_impl("gpu") == "xla" and attention_kernels.auto_impl("cpu") == "xla"
+
+
+@pytest.mark.parametrize("topology", ["v5e:2x2", "v5p:2x2x1", "v6e:2x2"])
+def test_the_kernels_compile_for_each_chip_and_auto_takes_what_compiles(topology, caplog):
+  """Splash (forward and backward) and the ragged paged decode step compile through Mosaic for each chip (the
+  real TPU compiler, from this host); `auto` takes ragged paged where it compiles and says why it refuses it
+  where it does not (a head_dim the kernel cannot tile)."""
+  from agentrl_jax.aot import target
+
+  device = target.target(topology).devices[0]
+  assert attention_kernels.kernel_refusal("splash", device, 128) is None
+  assert attention_kernels.kernel_refusal("ragged_paged", device, 128) is None
+  assert attention_kernels.auto_impl("tpu", device=device, head_dim=128) == "ragged_paged"
+  with caplog.at_level("WARNING"):
+    assert attention_kernels.auto_impl("tpu", device=device, head_dim=64) == "splash"
+  assert "not 'ragged_paged'" in caplog.text and "multiple of 128, got 64" in caplog.text
 
 
 @pytest.mark.parametrize("dtype, tol", [(jnp.float32, 2e-6), (jnp.bfloat16, 2e-2)])

@@ -43,7 +43,7 @@ def test_qwen3_4b_forward_traces():
 
   logits, cache = jax.eval_shape(fwd, state, jax.ShapeDtypeStruct((2, 16), jnp.int32))
   assert logits.shape == (2, 16, 151936) and logits.dtype == jnp.float32
-  assert cache.k.shape == (36, 2, 8, 128, 64) and cache.v.shape == (36, 2, 8, 64, 128)  # stacked by layer
+  assert cache.k.shape == (2, 36, 8, 128, 64) and cache.v.shape == (2, 36, 8, 64, 128)  # rows, then layers
 
 
 def test_hf_config_round_trip():

@@ -59,8 +59,10 @@ def test_reference_matches_jax_reference():
 def test_paged_cache_layout_and_growth():
   cfg = ModelConfig.tiny_qwen3(**PAGED)
   cache = PagedKVCache.init(cfg, 3, 40)
-  assert cache.max_len == 48 and cache.kv.shape == (cfg.num_layers, 3, 48, 2 * cfg.num_kv_heads, cfg.head_dim)
-  np.testing.assert_array_equal(cache.page_indices(), np.arange(9).reshape(3, 3))
+  assert cache.max_len == 48 and cache.kv.shape == (3, cfg.num_layers, 48, 2 * cfg.num_kv_heads, cfg.head_dim)
+  # Row b's layer l: pages (b * L + l) * 3 + [0, 1, 2] of the pool, which is the array itself, reshaped.
+  np.testing.assert_array_equal(cache.page_indices(), [[0, 1, 2], [6, 7, 8], [12, 13, 14]])
+  np.testing.assert_array_equal(cache.page_indices(1), [[3, 4, 5], [9, 10, 11], [15, 16, 17]])
   assert cache.grow(49).max_len == 64  # whole pages
   with pytest.raises(ValueError, match="below the current"):
     cache.grow(16)
@@ -132,7 +134,7 @@ def test_sharded_paged_sampler_matches_single_device(models):
     assert a.tolist() == b.tolist()
   np.testing.assert_allclose(np.concatenate(out.logp_raw), np.concatenate(ref.logp_raw), atol=1e-5)
   state = sampler.init(32, jax.random.key(0))
-  assert state.cache.kv.sharding.spec == jax.P(None, "fsdp", None, "tensor", None)  # kv [L, B, S, 2K, H]
+  assert state.cache.kv.sharding.spec == jax.P("fsdp", None, None, "tensor", None)  # kv [B, L, S, 2K, H]
 
 
 def _tpu_decode_module(cfg):

@@ -287,3 +287,41 @@ def test_collate_pads_to_buckets(env):
 def test_rollout_config_validation_names_the_field(field, value):
   with pytest.raises(ValueError, match=f"RolloutConfig.{field}"):
     RolloutConfig(**{field: value})
+
+
+def test_every_call_shape_is_one_rollout_shapes_lists(env):
+  """`rollout.shapes.rollout_shapes` (what the ahead-of-time pre-flight compiles) holds every shape a rollout
+  calls: prompts of several buckets, caches that grow, tool responses appended in chunks."""
+  import dataclasses
+
+  from agentrl_jax.rollout import shapes
+
+  tok, _, _, params, sampler = env
+  cfg = CFG.replace(prompt_bucket_min=16, cache_bucket_min=32, chunk_len=16, max_response_len=200)
+  seen = {k: set() for k in ("init", "prefill", "extend", "decode", "grow")}
+
+  def record(name, fn, key):
+    def wrapped(*args):
+      seen[name].add(key(*args))
+      return fn(*args)
+    return wrapped
+
+  rec = dataclasses.replace(
+      sampler,
+      init=record("init", sampler.init, lambda cap, key: cap),
+      prefill_groups=record("prefill", sampler.prefill_groups,
+                            lambda n, p, s, tokens, *a: (tokens.shape[0], tokens.shape[1], s.capacity)),
+      extend=record("extend", sampler.extend, lambda p, s, rows, chunk, *a: (rows.shape[0], chunk.shape[1], s.capacity)),
+      decode=record("decode", sampler.decode, lambda p, s, *a: s.capacity),
+      grow=record("grow", sampler.grow, lambda s, cap: (s.capacity, cap)))
+  prompts = [prompt_ids(tok, "What is 1+2?"), prompt_ids(tok, "What is the sum of twenty-one and fifteen? " * 2)]
+  long_output = ExecResult("ok", stdout="7" * 60 + "\n")
+  scripts = [["Let me compute.\n" + call("print(1+2)"), "More.\n" + call("print(2)"), "\\boxed{3}<|im_end|>"]] * 4
+  agent_loop.run_rollout(rec, params, prompts, n=2, tokenizer=tok, executor=stub_executor(lambda code: long_output),
+                         cfg=cfg, key=jax.random.key(0),
+                         scripts=[[tok.encode(t, add_special_tokens=False) for t in s] for s in scripts])
+  want = shapes.rollout_shapes(cfg, 2, fixed_capacity=sampler.fixed_capacity)
+  assert seen["grow"] and len(seen["decode"]) > 1 and seen["extend"]  # the cache grew; tools answered
+  assert seen["init"] <= set(want.capacities) and seen["decode"] <= set(want.decode)
+  assert seen["prefill"] <= set(want.prefill) and seen["extend"] <= set(want.extend)
+  assert seen["grow"] <= set(want.grow)

@@ -216,8 +216,8 @@ def test_sharded_sampler_matches_single_device():
     assert a.tolist() == b.tolist()
   np.testing.assert_allclose(np.concatenate(ref.logp_raw), np.concatenate(out.logp_raw), atol=1e-5)
   state = sampler.init(32, jax.random.key(0))
-  assert state.cache.k.sharding.spec == jax.P(None, "fsdp", "tensor", None, None)  # keys [L, B, K, H, S]
-  assert state.cache.v.sharding.spec == jax.P(None, "fsdp", "tensor", None, None)  # values [L, B, K, S, H]
+  assert state.cache.k.sharding.spec == jax.P("fsdp", None, "tensor", None, None)  # keys [B, L, K, H, S]
+  assert state.cache.v.sharding.spec == jax.P("fsdp", None, "tensor", None, None)  # values [B, L, K, S, H]
   assert state.last_token.sharding.spec == jax.P("fsdp")
 
 

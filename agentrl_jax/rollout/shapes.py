@@ -1,0 +1,63 @@
+"""The shapes of the sampler calls a rollout makes: how `agent_loop.run_rollout` buckets them, and every shape
+a config can reach (the programs a run compiles; `agentrl_jax.aot` compiles each of them for a TPU slice)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from agentrl_jax.rollout.config import RolloutConfig
+from agentrl_jax.sampling.config import bucket, bucket_values, pow2_bucket
+
+
+def prefill_groups(g: int, n: int, cfg: RolloutConfig) -> int:
+  """Prompt groups one prefill call computes when g groups start: g rounded up to a power of two (or
+  `groups_per_prefill`'s, with `pad_prefill_groups`), at most what the batch's row slots hold."""
+  top = max(1, pow2_bucket(cfg.groups_per_prefill))
+  gp = top if cfg.pad_prefill_groups else min(pow2_bucket(g), top)
+  while gp * n > cfg.batch_size:
+    gp //= 2
+  return max(gp, g)
+
+
+def max_capacity(cfg: RolloutConfig) -> int:
+  """The largest KV cache capacity a rollout uses: the longest prompt's bucket, the response, a segment."""
+  return bucket(cfg.max_prompt_len, cfg.prompt_bucket_min) + cfg.max_response_len + cfg.segment_len + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutShapes:
+  """The shapes of every sampler program `run_rollout` can call for a config (what a run compiles).
+
+  Attributes:
+    capacities: KV cache capacities the rollout can reach (the cache's length axis).
+    prefill: `(prompt groups, prompt bucket, capacity)` of each prefill call shape.
+    extend: `(rows, chunk tokens, capacity)` of each extend call shape.
+    decode: capacities of the decode calls.
+    grow: `(from, to)` capacities of each cache growth.
+  """
+
+  capacities: tuple[int, ...]
+  prefill: tuple[tuple[int, int, int], ...]
+  extend: tuple[tuple[int, int, int], ...]
+  decode: tuple[int, ...]
+  grow: tuple[tuple[int, int], ...]
+
+
+def rollout_shapes(cfg: RolloutConfig, n: int, *, fixed_capacity: bool) -> RolloutShapes:
+  """Every sampler call shape `run_rollout` can reach with `cfg` and n samples per prompt (the bucket rules of
+  `run_rollout`'s `start_groups`, `resume_ready` and `ensure_capacity`): the programs a run compiles, for the
+  ahead-of-time pre-flight (`agentrl_jax.aot`). `fixed_capacity`: `Sampler.fixed_capacity`."""
+  max_cap = max_capacity(cfg)
+  caps = (max_cap,) if fixed_capacity else tuple(
+      c for c in bucket_values(cfg.cache_bucket_min, max_cap))
+  groups = sorted({prefill_groups(g, n, cfg) for g in range(1, min(cfg.batch_size // n, cfg.groups_per_prefill) + 1)})
+  prompts = bucket_values(cfg.prompt_bucket_min, bucket(cfg.max_prompt_len, cfg.prompt_bucket_min))
+  prefill = tuple((gp, t, c) for gp in groups for t in prompts for c in caps if c >= t)
+  rows = cfg.extend_rows or max(1, cfg.batch_size // 8)
+  extend = tuple((rows, cfg.chunk_len, c) for c in caps)
+  # The cache grows by what one call appends at most: a segment, or a turn's tool responses (a token holds at
+  # least one character; the chat template adds a few dozen tokens per response).
+  jump = max(cfg.segment_len, cfg.max_calls_per_turn * (cfg.max_tool_output_chars + 64)) + 1
+  grow = tuple(sorted({(c, min(bucket(need, cfg.cache_bucket_min), max_cap))
+                       for c in caps[:-1] for need in range(c + 1, c + jump + 1)}))
+  return RolloutShapes(capacities=caps, prefill=prefill, extend=extend, decode=caps, grow=grow)

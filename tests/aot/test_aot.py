@@ -1,0 +1,60 @@
+"""The ahead-of-time pre-flight (`python -m agentrl_jax.aot`): a tiny model's RL update, prefill and decode
+compiled by the real TPU compiler for a v5e slice from this host; the report's memory, code size and estimate;
+a config that cannot fit fails the command, naming the program and its bytes."""
+
+import json
+
+import pytest
+
+from agentrl_jax import aot, testing
+from agentrl_jax.aot import programs, target
+
+
+def _tiny_rl(**overrides):
+  """The recipe's RL config at CPU size with one prompt bucket, one cache capacity and padded prefill groups:
+  one program of each kind."""
+  return testing.load_config("demystify_qwen3_4b", "smoke", **{
+      "rollout.pad_prefill_groups": True, "rollout.prompt_bucket_min": 64, "rollout.cache_bucket_min": 160,
+      "mesh.num_devices": 0, "rollout.batch_size": 16, **overrides})
+
+
+def test_tiny_rl_update_prefill_and_decode_compile_for_a_v5e_slice():
+  report = aot.compile_all(_tiny_rl(), "v5e:2x2", only=("rl/update", "rollout/prefill", "rollout/decode"))
+  assert report["chip"] == "TPU v5 lite" and report["devices"] == 4 and report["hbm_per_device_gib"] == 16.0
+  rows = {r["program"]: r for r in report["programs"]}
+  assert set(rows) == {"rl/update", "rollout/prefill", "rollout/decode"}
+  assert rows["rl/update"]["shape"] == "B=8 T=128 packed"  # the recipe packs episodes into rows (rl.pack_len)
+  for r in rows.values():
+    assert r["fits"] and r["compile_cpu_s"] > 0 and r["code_mb"] > 0 and 0 < r["hbm_gib"] < 16
+    assert r["est_step_s"] > 0 and r["est_flops"] > 0
+  # The parameters and both AdamW moments are the update's arguments; their state is donated (aliased).
+  assert rows["rl/update"]["alias_gib"] > 0
+  assert report["fits"] and json.loads(json.dumps(report)) == report
+
+
+def test_programs_follow_the_rollout_and_update_shapes():
+  """Without packing, one update program per length bucket; the non-paged cache grows through every
+  capacity bucket, and each one is a decode program."""
+  t = target.target("v5e:2x2")
+  plan = programs.for_config(_tiny_rl(**{"rl.pack_len": 0, "rollout.cache_bucket_min": 32, "model.dtype": "auto"}), t)
+  names = [p.name for p in plan.programs]
+  assert names.count("rl/update") == 3  # prompt bucket 64 + response buckets 32, 48 and 64
+  assert names.count("rollout/decode") == 6 and names.count("rollout/grow") > 0  # 32, 48, 64, 96, 128, 145
+  assert plan.model_cfg.dtype == "bfloat16"  # "auto" compute dtype on a TPU
+
+
+def test_a_config_that_cannot_fit_fails_naming_the_program_and_bytes(capsys):
+  config = _tiny_rl(**{"rollout.batch_size": 65536, "rollout.max_response_len": 4000,
+                       "rollout.cache_bucket_min": 4096})
+  assert aot.main(config, "v5e:2x2", only=("rollout/decode",)) == 1
+  captured = capsys.readouterr()
+  assert "rollout/decode" in captured.out and "NO" in captured.out
+  assert "aot: rollout/decode (B=65536 S=4081" in captured.err and "does not fit: needs" in captured.err
+  assert "GiB per device of 16.0 GiB" in captured.err and "largest rollout rows that fit: about" in captured.err
+
+
+def test_unknown_topology_and_job_are_refused():
+  with pytest.raises(ValueError, match="unknown topology 'v9:2x2'"):
+    target.target("v9:2x2")
+  with pytest.raises(ValueError, match="config.job='pipeline' has no programs"):
+    programs.for_config(testing.load_config("default"), target.target("v5e:2x2"))
