@@ -142,7 +142,8 @@ def compute_score(data_source: str, response: str, ground_truth: Any, extra_info
     cfg: reward settings.
 
   Returns:
-    The `RewardResult`. A crash inside a scorer is logged and becomes score 0 with an `info` message.
+    The `RewardResult`. A crash inside a scorer is logged and becomes score 0 with `failure='scorer'` and an
+    `info` message (the trainer leaves such responses out of the advantage and counts them).
 
   Raises:
     ValueError: unknown `data_source` (unless `cfg.default_kind`).
@@ -152,7 +153,7 @@ def compute_score(data_source: str, response: str, ground_truth: Any, extra_info
     return SCORERS[kind](response, ground_truth, extra_info, executor, cfg)
   except Exception as e:  # pylint: disable=broad-except
     logger.exception("reward %s failed for data_source %r", kind, data_source)
-    return RewardResult(0.0, False, "", f"reward {kind} failed: {type(e).__name__}: {e}")
+    return RewardResult(0.0, False, "", f"reward {kind} failed: {type(e).__name__}: {e}", failure="scorer")
 
 
 def answer_key(data_source: str, pred: str, cfg: RewardConfig = RewardConfig()) -> str | None:
