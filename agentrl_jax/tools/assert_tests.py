@@ -120,6 +120,23 @@ def free_names(code: str) -> list[str]:
   return sorted(loaded - bound - _BUILTIN_NAMES)
 
 
+def prompt_helpers(prompt: str, entry_point: str) -> str:
+  """A code prompt (HumanEval's) without the entry point's stub: its imports and helper functions, to pass as the
+  suite's `import_prefix` so that the test uses the prompt's helpers (`poly`, `encode_cyclic`), never a
+  solution's redefinition of them. '' when the prompt does not parse."""
+  try:
+    tree = ast.parse(prompt)
+  except (SyntaxError, ValueError):
+    return ""
+  lines = prompt.split("\n")
+  drop = set()
+  for n in tree.body:
+    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == entry_point:
+      start = min([n.lineno] + [d.lineno for d in n.decorator_list])
+      drop.update(range(start - 1, n.end_lineno))
+  return "\n".join(line for i, line in enumerate(lines) if i not in drop).strip() + "\n"
+
+
 def program_for(solution: str, prefix: str, code: str, target: str, entry_point: str) -> tuple[str, str, str]:
   """(program, stdin, nonce) of one test run."""
   nonce = f"agentrl-verdict-{secrets.token_hex(16)}"
