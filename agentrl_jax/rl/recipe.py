@@ -87,6 +87,8 @@ def rl_config(**model) -> ml_collections.ConfigDict:
       total_steps=0,                 # 0: total_epochs over the training prompts
       dynamic_sampling=False, dynamic_sampling_max_extra_rounds=3,
       reuse_sampler_logp=False,      # True: the sampler's log-probs as the old policy's (no recompute pass)
+      max_infra_failure_frac=0.05,   # stop when more of a step's responses cannot be scored (sandbox down, ...)
+      max_consecutive_nonfinite_steps=3,  # stop after this many steps in a row with a non-finite update
       response_bucket_min=1024, logits_chunk_size=1024,
       loss=dict(policy_loss="ppo_clip", clip_low=0.2, clip_high=0.28, dual_clip_c=10.0, loss_agg_mode="token-mean",
                 entropy_coeff=0.0, kl_coeff=0.0, kl_type="low_var_kl"),
