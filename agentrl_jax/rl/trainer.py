@@ -100,11 +100,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       path=prompt_path, schema=config.data.train_schema, data_dir=data_dir, skip_malformed=config.data.skip_malformed)))
   pipe_cfg = data.PipelineConfig(batch_size=rl.prompts_per_step, seed=config.seed, shuffle=config.data.shuffle,
                                  shard_index=0, shard_count=1)
+  # A source no reward handles is refused now, naming its file and row, not after a step's rollout.
+  known = lambda source: rewards.kind_for(source, reward_cfg)  # noqa: E731
+  data.refuse_unknown_sources(prepared, known)
   data_iter = iter(data.prompt_batches(prepared.data_source, pipe_cfg, style=style))
   steps_per_epoch = max(prepared.num_examples // rl.prompts_per_step, 1)
   total_steps = rl.total_steps or rl.total_epochs * steps_per_epoch
   eval_records = multihost.primary_first("rl_eval_data", lambda: eval_runner.load_sources(
-      config.eval.sources, data_dir, style)) if config.eval.sources else []
+      config.eval.sources, data_dir, style, check=known)) if config.eval.sources else []
   log.info("rl: %d prompts (%d malformed skipped), %d per step x %d samples, %d steps; %d eval problems",
            prepared.num_examples, prepared.num_skipped, rl.prompts_per_step, n, total_steps, len(eval_records))
 

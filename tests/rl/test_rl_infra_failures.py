@@ -157,3 +157,17 @@ def test_consecutive_nonfinite_steps_stop_the_run_keeping_the_last_finite_checkp
   assert [r["train/nonfinite_updates"] for r in rows] == [0.0, 2.0, 2.0]
   assert rows[-1]["count/nonfinite_steps"] == 2
   assert os.listdir(tmp_path / "checkpoints") == ["1"]
+
+
+def test_unknown_data_source_is_refused_when_the_data_loads(tmp_path):
+  import pandas as pd
+
+  rows = digits.rl_rows(6)
+  rows[3] = dict(rows[3], data_source="unheard_of_bench")
+  path = str(tmp_path / "train.parquet")
+  pd.DataFrame(rows).to_parquet(path)
+  config = testing.load_config("rl_toy", "digits", **{"model.tokenizer_path": testing.tiny_tokenizer_dir(),
+                                                       "data.train_path": path, "data.train_schema": "rl"})
+  with pytest.raises(ValueError, match=f"{path}: row 3: no reward for data_source 'unheard_of_bench'"):
+    trainer.run(config, str(tmp_path / "run"))
+  assert not os.path.exists(tmp_path / "run" / "checkpoints")  # refused before any model or rollout work
