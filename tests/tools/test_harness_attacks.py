@@ -75,7 +75,7 @@ ATTACKS = {
     "assert/int subclass whose __eq__ is true": ("assert", "class I(int):\n    def __eq__(self, o):\n        return True\n"
                                                            "    __hash__ = int.__hash__\n"
                                                            "def add(a, b):\n    return I(99)\n"),
-    "assert/list subclass whose __eq__ is true": ("module", "class L(list):\n    def __eq__(self, o):\n"
+    "module/list subclass whose __eq__ is true": ("module", "class L(list):\n    def __eq__(self, o):\n"
                                                             "        return True\n"
                                                             "def add(a, b):\n    return L([0])\n"),
     # ---- patching what the checks use
@@ -176,7 +176,7 @@ def test_partial_credit_counts_each_proven_test(pool):
   half = "def add(a, b):\n    return a + b if a > 0 else 99\n"  # right on tests 0 and 2 of three
   r = code_reward.score(f"```python\n{half}```", ASSERT, executor=pool)
   assert (round(r.score, 4), r.acc) == (0.6667, False) and "passed 2/3" in r.info
-  stdin = code_reward.score(f"```python\nprint(5)\n```", STDIN, executor=pool)
+  stdin = code_reward.score("```python\nprint(5)\n```", STDIN, executor=pool)
   assert (stdin.score, stdin.acc) == (0.5, False)
 
 
