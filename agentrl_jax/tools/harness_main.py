@@ -1,7 +1,8 @@
 """The assert-form test harness, run inside the sandbox as the program itself (`testcases.run_suite` builds it).
 
 Not imported in the sandbox: `assert_tests.program_for` sends the text of `harness_protocol.py`,
-`harness_solution.py` and this file, then one line, `_main(SOLUTION, PREFIX)`, as the program, and the test on standard input. Standard library only.
+`harness_solution.py` and this file, then one line, `_main(SOLUTION, PREFIX)`, as the program, and the test on
+standard input. Standard library only.
 
 Why two processes. A check that runs in the solution's interpreter can be defeated by the solution: it can exit
 0 before the check (`os._exit`, `sys.exit`, `SystemExit`), exit 0 after a failed one (atexit, `sys.excepthook`,
@@ -27,12 +28,15 @@ PIPE_BUF, so no other writer can split it), then exits. The host accepts a pass 
 nonce of that run, which S never had: it was read after the fork, into memory S cannot read, from a descriptor
 S closed. S dying (any exit, any signal), hanging, breaking the protocol or raising SystemExit fails the test,
 whatever the test does afterwards. Signals to T from inside the sandbox are dropped (pid 1 without handlers),
-and T ignores the catchable ones.
+and T ignores the catchable ones. Run by an executor that gives programs root (a SandboxFusion container), S
+drops to `nobody` before any solution code, so the non-dumpable T stays out of its reach there too.
 
 Verdicts: pass; fail (with the first failure); malformed (the test itself cannot run: it imports a module that
 does not exist, or its prefix fails); unsupported (the test hands the solution something the harness cannot
 carry, e.g. one of its own functions or objects); harness_error (the harness broke before the solution was
 involved). Only pass is a pass; the last three are not the response's doing and the reward reports them as such.
+A test that compares two objects of the solution's own type (a solution-defined `__eq__` deciding) fails: no
+harness that keeps the solution's code out of its comparisons can run it.
 
 The messages between T and S and the values they carry are in `harness_protocol.py`, S in `harness_solution.py`;
 their text precedes this file's in the program.
@@ -48,6 +52,7 @@ if __name__ != "__main__":  # imported (tests, tooling); in the sandbox the othe
   from agentrl_jax.tools.harness_protocol import (_CATCHABLE, _DETAIL_CHARS, _dec, _enc, _message, _prctl,
                                                   _recv, _send)
   from agentrl_jax.tools.harness_solution import _start_solution
+
 _UNCOMPARABLE = ("an object of the solution's own type is compared: the harness compares data only, never with "
                  "the solution's __eq__")
 
@@ -220,8 +225,9 @@ class _Tester:
     if "Exception" not in names:  # SystemExit, KeyboardInterrupt, GeneratorExit: the solution quit
       self.gone = f"the solution raised {name} during a test"
       return _Gone(self.gone)
-    base = next((getattr(_builtins, n) for n in names if type(n) is str and isinstance(getattr(_builtins, n, None), type)
-                 and issubclass(getattr(_builtins, n), Exception)), Exception)
+    builtin = lambda n: getattr(_builtins, n, None) if type(n) is str else None  # noqa: E731
+    base = next((builtin(n) for n in names if isinstance(builtin(n), type) and issubclass(builtin(n), Exception)),
+                Exception)
     if base.__name__ == name:
       cls = base
     else:

@@ -8,8 +8,9 @@
                                                                          #     (FILE: modeling/math_equivalence_test.py)
 
 Math-Verify's cases are (gold, prediction) strings for free-text extraction; as a boxed-answer reward needs, the
-gold loses its math delimiters (several boxes in it are joined) and an unboxed prediction is boxed whole. Rows that set a non-default Math-Verify option (`strict=False`,
-`allow_set_relation_comp=True`, another `precision`) label another configuration and are left out.
+gold loses its math delimiters (several boxes in it are joined) and an unboxed prediction is boxed whole. Rows
+that set a non-default Math-Verify option (`strict=False`, `allow_set_relation_comp=True`, another `precision`)
+label another configuration and are left out.
 "Final-answer" cases are those whose prediction is boxed or one math expression (no prose to extract from).
 Qwen2.5-Math's grader ships its hard cases as examples without labels (evaluation/grader.py, `_test_math_equal`);
 `QWEN25_MATH_EXAMPLES` holds them with the label of their mathematical truth. Each suite reports its agreement and
@@ -64,7 +65,8 @@ QWEN25_MATH_EXAMPLES = [
     ("\\begin{pmatrix}-\\frac{7}{4}&-2\\\\4&\\frac{1}{4}\\end{pmatrix}",
      "(\\begin{pmatrix}-\\frac{7}{4}&-2\\\\4&\\frac{1}{4}\\\\\\end{pmatrix})", True),
     ("-34x-45y+20z-100=0", "34x+45y-20z+100=0", True),
-    ("\\frac{\\sqrt{\\sqrt{11}+\\sqrt{194}}}{2\\sqrt{33}+15}", "\\frac{\\sqrt{\\sqrt{11}+\\sqrt{194}}}{15+2\\sqrt{33}}", True),
+    ("\\frac{\\sqrt{\\sqrt{11}+\\sqrt{194}}}{2\\sqrt{33}+15}",
+     "\\frac{\\sqrt{\\sqrt{11}+\\sqrt{194}}}{15+2\\sqrt{33}}", True),
     ("(+5)(b+2)", "(a+5)(b+2)", False), ("\\frac{1+\\sqrt{5}}{2}", "2", False),
     ("\\frac{34}{16}+\\frac{\\sqrt{1358}}{16}", "4", False), ("1", "1\\\\sqrt{19}", False), ("x+1", "x+2n+1", False),
 ]

@@ -18,7 +18,8 @@ from tests.tools.sandbox_testing import needs_bwrap
 ASSERT = {"entry_point": "add", "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n"
                                         "    assert candidate(-1, 1) == 0\n"
                                         "    assert abs(candidate(0.5, 0.25) - 0.75) < 1e-9\n"}
-PYTEST = {"test": "import pytest\nfrom solution import safe_div\n\n\ndef test_value():\n    assert safe_div(6, 3) == 2\n\n\n"
+PYTEST = {"test": "import pytest\nfrom solution import safe_div\n\n\n"
+                  "def test_value():\n    assert safe_div(6, 3) == 2\n\n\n"
                   "def test_zero():\n    with pytest.raises(ZeroDivisionError):\n        safe_div(1, 0)\n"}
 MODULE = {"test": ["assert add(2, 3) == 5", "assert add(-1, 1) == 0"]}  # MBPP's test_list
 STDIN = {"inputs": ["2 3\n", "10 -4\n"], "outputs": ["5\n", "6\n"]}
@@ -72,8 +73,8 @@ ATTACKS = {
                                             "    def __sub__(self, o):\n        return self\n"
                                             "    def __abs__(self):\n        return 0\n    __hash__ = object.__hash__\n"
                                             "def add(a, b):\n    return A()\n"),
-    "assert/int subclass whose __eq__ is true": ("assert", "class I(int):\n    def __eq__(self, o):\n        return True\n"
-                                                           "    __hash__ = int.__hash__\n"
+    "assert/int subclass whose __eq__ is true": ("assert", "class I(int):\n    def __eq__(self, o):\n"
+                                                           "        return True\n    __hash__ = int.__hash__\n"
                                                            "def add(a, b):\n    return I(99)\n"),
     "module/list subclass whose __eq__ is true": ("module", "class L(list):\n    def __eq__(self, o):\n"
                                                             "        return True\n"
@@ -95,8 +96,8 @@ ATTACKS = {
                                                    "    except OSError:\n        pass\n"),
     "assert/kill the process group": ("assert", WRONG + "import os, signal\nos.killpg(0, signal.SIGKILL)\n"),
     "assert/signals to the tester during a call": ("assert", "import os, signal\ndef add(a, b):\n"
-                                                            "    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1,"
-                                                            " signal.SIGSTOP, signal.SIGHUP):\n"
+                                                            "    for s in (signal.SIGINT, signal.SIGTERM,"
+                                                            " signal.SIGUSR1, signal.SIGSTOP, signal.SIGHUP):\n"
                                                             "        try:\n            os.kill(1, s)\n"
                                                             "        except OSError:\n            pass\n"
                                                             "    return a - b\n"),
@@ -207,8 +208,8 @@ RICHER = {
         "class ListNode:\n    def __init__(self, val=0, next=None):\n        self.val, self.next = val, next\n\n"
         "def reverse(head):\n    return head\n"),
     "in-place mutation": (
-        {"entry_point": "sort_in_place", "test": "def check(candidate):\n    xs = [3, 1, 2]\n    assert candidate(xs) is None\n"
-                                                 "    assert xs == [1, 2, 3]\n"},
+        {"entry_point": "sort_in_place", "test": "def check(candidate):\n    xs = [3, 1, 2]\n"
+                                                 "    assert candidate(xs) is None\n    assert xs == [1, 2, 3]\n"},
         "def sort_in_place(xs):\n    xs.sort()\n",
         "def sort_in_place(xs):\n    return sorted(xs)\n"),
     "parametrize": (
