@@ -167,6 +167,8 @@ BEHAVIOUR_DEVIATIONS = {
                                                 "num_turns never passed: a constant -0.1 (every wrong answer -1.1)"),
     "math rewards ignore <tool_response> text": ("verl/utils/reward_score/math_dapo.py:211,260",
                                                  "the last 100 characters of the whole response"),
+    "infrastructure failures are not answers": ("verl/utils/reward_score/livecodebench/code_math.py:239-242",
+                                                "a sandbox or harness exception counts as a failed test"),
 }
 
 # Knobs without a counterpart in the reference, by field prefix (why in the comment).
@@ -186,6 +188,8 @@ IMPLEMENTATION = (
     "reward.sources",                                # extra data_source -> reward kind pairs
     "rl.micro_batch_size", "rl.logits_chunk_size", "rl.response_bucket_min", "rl.reuse_sampler_logp",
     "rl.dynamic_sampling_max_extra_rounds", "rl.pack_len",  # memory / compile shape knobs (verl: use_dynamic_bsz)
+    "rl.max_infra_failure_frac", "rl.max_consecutive_nonfinite_steps",  # run guards the reference lacks (it
+                                                     # scores a dead sandbox 0 and skips non-finite steps silently)
     "rollout.batch_size", "rollout.segment_len", "rollout.groups_per_prefill", "rollout.prompt_bucket_min",
     "rollout.chunk_len", "rollout.cache_bucket_min", "rollout.overlap_tools", "rollout.pad_prefill_groups",
                                                      # the compiled sampler's shapes
@@ -254,7 +258,9 @@ def test_sources_name_a_file_and_line():
 
 def test_behaviour_deviations_are_in_force():
   assert set(BEHAVIOUR_DEVIATIONS) == {"tool-call shaping counts executed calls",
-                                       "math rewards ignore <tool_response> text"}
+                                       "math rewards ignore <tool_response> text",
+                                       "infrastructure failures are not answers"}
+  assert recipe.rl_config().rl.max_infra_failure_frac == 0.05  # tests/rl/test_rl_infra_failures.py pins the rest
   assert rewards.ShapingConfig().tool_call_count == "executed"
   assert math_reward.STRICT_WINDOW_CHARS == 100
   printed = "<tool_response>\n\\boxed{7}\n</tool_response>\nDone."

@@ -54,15 +54,58 @@ def matmul_params(cfg: ModelConfig) -> int:
   return cfg.param_count() - norms - biases - table
 
 
-def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-  """Model FLOPs of one training token (forward + backward), PaLM's MFU convention (arXiv 2204.02311, B):
+def attention_pairs(cfg: ModelConfig, seq_len: int, impl: str | None = None) -> float:
+  """Query-key pairs one head of one sequence computes in causal self-attention of `seq_len` tokens, with the
+  attention kernel `impl` (default `cfg.attention_impl`; 'auto' as the model resolves it) as that kernel runs:
 
-      6 * N + 12 * L * n_heads * head_dim * T
-
-  N = matmul_params(cfg) (the LM head included), T = sequence length. The attention term counts the full
-  T x T score and value matmuls (as our kernel computes them); rematerialisation is not counted.
+    xla (blocked)  query block i (cfg.attention_block tokens) against keys [0, end of block i): the blocks above
+                   the diagonal are skipped, the diagonal blocks computed whole: T (T + block) / 2 when the block
+                   divides T; T x T when T <= block (one dense block, the mask applied after).
+    splash         blocks of `attention_kernels.splash_block(T)` on or below the diagonal: T (T + block) / 2.
+    cudnn          the causal triangle, T (T + 1) / 2 (its tiles are internal to cuDNN).
+    dense          every pair, T x T (a kernel that masks but computes the whole square, e.g. Tunix's on a CPU).
   """
-  return 6.0 * matmul_params(cfg) + 12.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len
+  from agentrl_jax.models import attention_kernels  # pylint: disable=import-outside-toplevel
+
+  t = seq_len
+  impl = impl or cfg.attention_impl
+  if impl == "auto":
+    impl = attention_kernels.auto_impl()
+  if impl == "dense":
+    return float(t * t)
+  if impl in ("splash", "ragged_paged"):
+    block = attention_kernels.splash_block(t)
+    n = t // block
+    return float(block * block * n * (n + 1) // 2)
+  if impl == "cudnn":
+    return t * (t + 1) / 2.0
+  block = cfg.attention_block
+  if not block or t <= block:
+    return float(t * t)
+  return float(sum((min(s + block, t) - s) * min(s + block, t) for s in range(0, t, block)))
+
+
+def train_flops_per_token(cfg: ModelConfig, seq_len: int, impl: str | None = None) -> float:
+  """Model FLOPs of one training token (forward + backward), PaLM's MFU convention (arXiv 2204.02311, B) with
+  attention counted as the kernel in use computes it:
+
+      6 * N + 12 * L * n_heads * head_dim * P / T
+
+  N = matmul_params(cfg) (the LM head included), T = sequence length, P = `attention_pairs(cfg, T, impl)` (PaLM
+  counts the full square, P = T x T; a causal kernel that skips the blocks above the diagonal does about half).
+  Rematerialisation is not counted.
+  """
+  pairs = attention_pairs(cfg, seq_len, impl)
+  return 6.0 * matmul_params(cfg) + 12.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * pairs / seq_len
+
+
+def flops_convention(cfg: ModelConfig, seq_len: int, impl: str | None = None) -> str:
+  """The FLOP count's convention, for a benchmark's JSON line."""
+  impl = impl or cfg.attention_impl
+  pairs = attention_pairs(cfg, seq_len, impl)
+  return (f"6*N + 12*L*n_heads*head_dim*P/T per token (PaLM, N = matmul params incl. LM head), attention as the "
+          f"{impl!r} kernel computes it: P = {pairs:.0f} query-key pairs per head at T={seq_len} "
+          f"({pairs / seq_len ** 2:.4f} of the T x T square; causal blocks above the diagonal skipped)")
 
 
 def summary(xs: list[float]) -> dict[str, float]:

@@ -8,7 +8,8 @@ Prints one JSON line per part:
            decode step's time against the HBM roofline (weights + the K/V cache of the context read once per
            step: `roofline_frac` = ideal / measured), MFU against the chip's bf16 peak;
   update   the GRPO-TCR update (`rl.update.make_update_fn`, token-mean clip-higher loss, remat as the recipe)
-           on `update_rows` x `update_seq` tokens: tokens/s and MFU (PaLM's 6N + 12LHT FLOPs per token);
+           on `update_rows` x `update_seq` tokens: tokens/s and MFU (PaLM's 6N + 12LHP/T FLOPs per token, P the
+           query-key pairs the attention kernel computes: causal blocks skipped; `flops_formula` states it);
 both also against the ceilings measured in the same run (`measured_peaks`: a bf16 matmul's FLOP/s and an
 elementwise pass's bytes/s, as `mfu_measured_peak` / `roofline_frac_measured_bw`; datasheet peaks are rarely
 reached, e.g. ~790 of 989 TFLOP/s on an H200), all for the mesh's devices together, with the JAX version, the
@@ -160,7 +161,7 @@ def bench_update(cfg: ModelConfig, mesh, args, peaks: dict) -> dict:
   flops = common.train_flops_per_token(cfg, t) * b * t
   return {"part": "update", "tok_s": b * t / sec, "step_s": sec, "mfu": flops / sec / peak if peak else None,
           "mfu_measured_peak": flops / sec / (peaks["measured_matmul_flops"] * mesh.size), **_compiled(first),
-          "rows": b, "seq": t, "loss": float(m["loss"])}
+          "rows": b, "seq": t, "loss": float(m["loss"]), "flops_formula": common.flops_convention(cfg, t)}
 
 
 def main(argv=None) -> list[dict]:

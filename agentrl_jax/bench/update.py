@@ -12,7 +12,9 @@ as a subprocess; the two are timed in alternating rounds, each round also measur
 three see the same machine load.
 
 Fields: mfu = model FLOPs/s of our best step / the best matmul FLOP/s of the run (model FLOPs per
-common.train_flops_per_token: 6 N + 12 L n_heads head_dim T per token, PaLM's convention); tok_s /
+common.train_flops_per_token: 6 N + 12 L n_heads head_dim P / T per token, PaLM's convention with attention
+counted as each side's kernel computes it: P query-key pairs per head, T (T + 256) / 2 for our blocked causal
+attention, the whole T x T square for Tunix's dense one on a CPU; `flops_formula` states it); tok_s /
 tunix_tok_s = B*T / best step seconds; speedup = their ratio. Best-of-run because on a shared machine every
 slower sample measured someone else's load; *_median fields (median of per-round bests) and the per-round
 ratios speedup_round_* show the spread. loss_rel_diff compares the two first-step losses (same math check).
@@ -121,6 +123,7 @@ def run(args) -> dict:
   prompt_len = args.prompt_len if args.prompt_len is not None else t // 4
   tokens_per_step = b * t
   flops_per_step = common.train_flops_per_token(cfg, t) * tokens_per_step
+  tunix_flops_per_step = common.train_flops_per_token(cfg, t, impl="dense") * tokens_per_step
 
   model = Qwen(cfg, rngs=nnx.Rngs(args.seed))
   workdir = tempfile.mkdtemp(prefix="bench_update_")
@@ -149,7 +152,9 @@ def run(args) -> dict:
          "model": args.model, "params": cfg.param_count(), "batch": b, "seq": t,
          "micro_batch": args.micro_batch or b, "logits_chunk": args.chunk, "dtype": "float32",
          "flops_per_token": common.train_flops_per_token(cfg, t),
-         "flops_formula": "6*N + 12*L*n_heads*head_dim*T per token (PaLM), N = matmul params incl. LM head"}
+         "flops_formula": common.flops_convention(cfg, t),
+         "tunix_flops_per_token": common.train_flops_per_token(cfg, t, impl="dense"),
+         "tunix_flops_formula": common.flops_convention(cfg, t, impl="dense")}
 
   common.log(f"[bench.update] compiling ours ({args.model}, B={b}, T={t})")
   with compile_stats.measured() as compiled:
@@ -215,7 +220,7 @@ def run(args) -> dict:
              xla_step_floor_s=min(floors), mfu_at_step_floor=flops_per_step / min(floors) / peak)
   if worker is not None:
     out.update(tunix_tok_s=tokens_per_step / min(tunix_best), tunix_tok_s_median=tokens_per_step / med(tunix_best),
-               tunix_mfu=flops_per_step / min(tunix_best) / peak, tunix_cpu_share_median=med(tunix_cpu),
+               tunix_mfu=tunix_flops_per_step / min(tunix_best) / peak, tunix_cpu_share_median=med(tunix_cpu),
                speedup=tokens_per_step / min(ours_best) / (tokens_per_step / min(tunix_best)),
                speedup_round_median=med(speedups), speedup_round_min=min(speedups),
                speedup_round_max=max(speedups), speedup_at_step_floor=min(tunix_best) / min(floors))

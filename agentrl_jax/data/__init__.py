@@ -5,7 +5,7 @@
 `Conversation` lists; `prompts.PromptStyle` is the per-source wording applied per row.
 """
 
-from agentrl_jax.data.builders import PreparedDataset, SourceConfig, prepare
+from agentrl_jax.data.builders import PreparedDataset, SourceConfig, prepare, refuse_unknown_sources
 from agentrl_jax.data.pipeline import (PipelineConfig, all_prompt_records, conversation_batches, num_batches,
                                       prompt_batches)
 from agentrl_jax.data.prompts import PromptStyle, PromptTemplate, apply_prompt_style
@@ -25,4 +25,5 @@ __all__ = [
     "num_batches",
     "prepare",
     "prompt_batches",
+    "refuse_unknown_sources",
 ]

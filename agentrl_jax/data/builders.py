@@ -20,7 +20,7 @@ import hashlib
 import io
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import tensorflow_datasets as tfds
@@ -115,7 +115,10 @@ class _SourceBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     schema = readers.SCHEMAS[self._source.schema]
     records = readers.read_records(
         self._source.path, schema, skip_malformed=self._source.skip_malformed, stats=self._stats)
+    sources: dict[str, int] = {}
     for record in records:
+      if isinstance(record, rec.PromptRecord):
+        sources.setdefault(record.data_source, record.index)
       yield record.index, self._encode(record)
     # Written to metadata.json with the dataset, so later readers see the count too.
     self.info.metadata.update({
@@ -123,6 +126,7 @@ class _SourceBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         "num_rows": self._stats.num_rows,
         "num_skipped": self._stats.num_skipped,
         "skipped": [list(s) for s in self._stats.skipped],
+        "data_sources": sources,  # each data_source and the first row holding it (refused sources name it)
     })
 
   def _encode(self, record: Any) -> dict[str, Any]:
@@ -182,6 +186,34 @@ class PreparedDataset:
     """All records, decoded, in file order (for small evaluation sets and tests)."""
     decode = rec.prompt_from_features if self.source.kind == "prompt" else rec.conversation_from_features
     return [decode(self.data_source[i]) for i in range(len(self.data_source))]
+
+  def data_sources(self) -> dict[str, int]:
+    """Each `data_source` of a prompt dataset and the first source-file row holding it ({} for conversations).
+    Read from the build's metadata; a dataset built before it was recorded is scanned once."""
+    if self.source.kind != "prompt":
+      return {}
+    recorded = (self.builder.info.metadata or {}).get("data_sources")
+    if isinstance(recorded, dict):
+      return {str(k): int(v) for k, v in recorded.items()}
+    out: dict[str, int] = {}
+    for i in range(len(self.data_source)):
+      example = self.data_source[i]
+      out.setdefault(rec.text_field(example["data_source"]), int(example["index"]))
+    return out
+
+
+def refuse_unknown_sources(prepared: PreparedDataset, check: Callable[[str], object]) -> None:
+  """Calls `check(data_source)` for every data source of the dataset (e.g. `rewards.kind_for`, which raises
+  ValueError for a source no reward handles), so a run refuses data it could not score before any work.
+
+  Raises:
+    ValueError: `'{path}: row {i}: {check's message}'` for the first refused source (by row).
+  """
+  for source, row in sorted(prepared.data_sources().items(), key=lambda kv: kv[1]):
+    try:
+      check(source)
+    except ValueError as e:
+      raise ValueError(f"{prepared.source.path}: row {row}: {e}") from None
 
 
 def prepare(source: SourceConfig) -> PreparedDataset:

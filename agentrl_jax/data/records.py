@@ -96,18 +96,19 @@ def conversation_to_features(record: Conversation) -> dict[str, Any]:
   return {"messages": to_json(record.messages), "tools": to_json(record.tools), "index": record.index}
 
 
-def _text(value: Any) -> str:
-  # TFDS decodes Text features to bytes when read without TensorFlow.
+def text_field(value: Any) -> str:
+  """A Text feature read back: TFDS decodes Text features to bytes when read without TensorFlow."""
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
 
 
 def prompt_from_features(example: Mapping[str, Any]) -> PromptRecord:
   """Decodes an example read back from ArrayRecord (`builder.as_data_source()`) into a `PromptRecord`."""
   return PromptRecord(
-      prompt=json.loads(_text(example["prompt"])),
-      data_source=_text(example["data_source"]),
-      ground_truth=_text(example["ground_truth"]),
-      extra_info=json.loads(_text(example["extra_info"])),
+      prompt=json.loads(text_field(example["prompt"])),
+      data_source=text_field(example["data_source"]),
+      ground_truth=text_field(example["ground_truth"]),
+      extra_info=json.loads(text_field(example["extra_info"])),
       index=int(example["index"]),
   )
 
@@ -115,8 +116,8 @@ def prompt_from_features(example: Mapping[str, Any]) -> PromptRecord:
 def conversation_from_features(example: Mapping[str, Any]) -> Conversation:
   """Decodes an example read back from ArrayRecord into a `Conversation`."""
   return Conversation(
-      messages=json.loads(_text(example["messages"])),
-      tools=json.loads(_text(example["tools"])),
+      messages=json.loads(text_field(example["messages"])),
+      tools=json.loads(text_field(example["tools"])),
       index=int(example["index"]),
   )
 

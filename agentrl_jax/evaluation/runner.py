@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from flax import nnx
 import jax
@@ -64,11 +64,13 @@ def evaluate(engine: engine_lib.RolloutEngine, params: nnx.State, records: Seque
         response_tokens=e.response_len))
     rows.append({"data_source": rec.data_source, "index": rec.index, "sample": e.sample,
                  "ground_truth": rec.ground_truth, "pred": pred, "acc": bool(scored.acc[i]),
-                 "score": float(scored.score[i]), "info": scored.info[i], "num_tool_calls": e.num_tool_calls,
+                 "score": float(scored.score[i]), "info": scored.info[i], "failure": scored.failure[i],
+                 "num_tool_calls": e.num_tool_calls,
                  "num_failed_calls": e.num_failed_calls, "stop_reason": e.stop_reason,
                  "response_tokens": e.response_len, "transcript": e.transcript})
   out = metrics_lib.compute_metrics(samples, ks=[k for k in ks if k <= n])
   out["eval/skipped_prompts"] = float(len(prompts.skipped))
+  out["eval/infra_failures"] = float(sum(bool(f) for f in scored.failure))  # rewards not computed: counted wrong
   out["eval/wall_s"] = time.perf_counter() - t0
   out["eval/generated_tokens"] = float(stats.generated_tokens)
   return out, rows
@@ -84,12 +86,16 @@ class EvalSource:
   limit: int = 0  # evaluate the first `limit` problems only (0 = all)
 
 
-def load_sources(sources: Sequence[dict], data_dir: str, style: data.PromptStyle) -> list[PromptRecord]:
-  """Builds (once, cached under `data_dir`) and reads every configured source; a missing file is a ValueError."""
+def load_sources(sources: Sequence[dict], data_dir: str, style: data.PromptStyle,
+                 check: Callable[[str], object] | None = None) -> list[PromptRecord]:
+  """Builds (once, cached under `data_dir`) and reads every configured source; a missing file is a ValueError,
+  and so is a data source `check` refuses (`data.refuse_unknown_sources`: file and row named)."""
   records = []
   for s in sources:
     src = EvalSource(**dict(s))
     prep = data.prepare(data.SourceConfig(path=src.path, schema=src.schema, data_dir=data_dir, skip_malformed=True))
+    if check is not None:
+      data.refuse_unknown_sources(prep, check)
     if prep.num_skipped:
       log.warning("eval: %s: %d malformed rows skipped", src.name, prep.num_skipped)
     records += data.all_prompt_records(prep.data_source, style, limit=src.limit or None)
@@ -106,8 +112,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     sources = recipe.eval_sources(config.eval_root)
   if not sources:
     raise ValueError("config.eval.sources is empty and config.eval_root is not set: nothing to evaluate")
+  reward_cfg = jobs.reward_config(config.reward)
   records = multihost.primary_first("eval_data", lambda: load_sources(
-      sources, config.data.data_dir or os.path.join(workdir, "tfds"), jobs.prompt_style(config.get("prompt_style"))))
+      sources, config.data.data_dir or os.path.join(workdir, "tfds"), jobs.prompt_style(config.get("prompt_style")),
+      check=lambda source: rewards.kind_for(source, reward_cfg)))
   log.info("eval: %d problems x %d samples", len(records), ev.n)
   with jobs.sampling_job(config, temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k) as job:
     metrics, rows = evaluate(job.engine, job.params, records, n=ev.n, key=job.sample_key,

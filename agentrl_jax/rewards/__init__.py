@@ -12,12 +12,12 @@ relations, intervals, matrices).
 """
 
 from agentrl_jax.rewards import code, latex, math, multiple_choice, shaping
-from agentrl_jax.rewards.base import RewardResult
+from agentrl_jax.rewards.base import FAILURES, RewardResult
 from agentrl_jax.rewards.registry import (DEFAULT_RULES, SCORERS, RewardConfig, answer_key, compute_score, kind_for,
                                           register)
 from agentrl_jax.rewards.shaping import ShapingConfig
 
 __all__ = [
-    "RewardResult", "RewardConfig", "ShapingConfig", "compute_score", "kind_for", "answer_key", "register",
+    "FAILURES", "RewardResult", "RewardConfig", "ShapingConfig", "compute_score", "kind_for", "answer_key", "register",
     "DEFAULT_RULES", "SCORERS", "code", "latex", "math", "multiple_choice", "shaping",
 ]

@@ -54,9 +54,11 @@ def score(response: str, ground_truth, executor: Executor | None = None) -> Rewa
     executor: where to run; None = `default_executor()`.
 
   Returns:
-    RewardResult(score, acc, pred, info): score = passed/total (partial credit, the recipe), or -1.0 when there
-    is no code block or it does not parse; 0.0 with an `info` message when the ground truth is malformed (a
-    data problem the policy should not be punished for).
+    RewardResult(score, acc, pred, info, failure): score = passed/total (partial credit, the recipe: every test
+    is a separate run whose pass the harness proves), or -1.0 when there is no code block or it does not parse.
+    When the reward cannot be computed for a reason outside the response, `failure` says which ('ground_truth':
+    malformed tests, or tests that cannot run here; 'sandbox': the executor failed; 'harness': the harness
+    cannot run the test) and score is 0.0 with the reason in `info`.
   """
   code = extract_code(response)
   if code is None or not code.strip():
@@ -69,7 +71,10 @@ def score(response: str, ground_truth, executor: Executor | None = None) -> Rewa
     suite = testcases.parse_suite(ground_truth)
   except ValueError as e:
     logger.warning("code reward: malformed ground truth: %s", e)
-    return RewardResult(0.0, False, code, f"malformed ground truth: {e}")
+    return RewardResult(0.0, False, code, f"malformed ground truth: {e}", failure="ground_truth")
   report = testcases.run_suite(code, suite, executor if executor is not None else default_executor())
+  if report.infra:
+    kind, _, detail = report.infra.partition(": ")
+    return RewardResult(0.0, False, code, f"reward not computed ({kind}): {detail}", failure=kind)
   info = "" if report.all_passed else f"passed {report.passed}/{report.total}; {report.first_failure}"
   return RewardResult(report.passed / report.total, report.all_passed, code, info)

@@ -54,8 +54,14 @@ _UNITS = re.compile(
     r"foot|ft|miles?|mph|hours?|hrs?|minutes?|mins?|seconds?|secs?|dollars?|cents?|points?|students?|people|"
     r"ways?|days?|weeks?|months?|years?|kg|g|grams?|pounds?|lbs?|liters?|litres?|ml|L)(?![A-Za-z])\.?"
     r"(?:\s*\^\s*\{?\d\}?)?")
-_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-_THOUSANDS_IN = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d,])")
+_THOUSANDS = re.compile(r"[-+]?[1-9]\d{0,2}(?:[, ]\d{3})+(?:\.\d+)?")
+_DECIMAL_COMMA = re.compile(r"[-+]?\d+,\d+")
+_THOUSANDS_IN = re.compile(r"(?<![\d.,])[1-9]\d{0,2}(?:,\d{3})+(?![\d,])")
+_SPACED_THOUSANDS_IN = re.compile(r"(?<![\d.,] )(?<![\d.,])[1-9]\d{0,2}(?: \d{3})+(?![\d,]| \d)(?!\.\d)")
+# LaTeX written with doubled backslashes (JSON-escaped twice): `\\\\le` for `\\le`. A row break `\\\\` is followed by
+# a space, a digit or `&`, never directly by one of these command names.
+_DOUBLED = re.compile(r"\\\\(?=(?:frac|dfrac|tfrac|sqrt|le|leq|ge|geq|lt|gt|ne|neq|pi|cdot|times|div|pm|infty|in|cup|"
+                      r"left|right|text|mathrm|boxed)(?![a-zA-Z]))")
 _DECIMAL_COMMA_IN = re.compile(r"(?<![\d.,])\d+,\d+(?![\d,])")
 _LIST_SEP = re.compile(r"[,;]|(?<![A-Za-z])(?:and|or)(?![A-Za-z])")
 # Longer answers are compared as exact text, unnormalised: no ground truth is that long, and normalising hundreds of
@@ -67,7 +73,7 @@ _SPACE_NOT_BETWEEN_WORDS = re.compile(r"(?<![A-Za-z0-9]) | (?![A-Za-z0-9])")
 
 def normalize(answer: str) -> str:
   """Canonical text of an answer, single spaces kept between tokens (so `12 13` never becomes `1213`); linear."""
-  s = str(answer).strip()
+  s = _DOUBLED.sub(lambda m: "\\", str(answer).strip())
   for k, v in _UNICODE.items():
     s = s.replace(k, v)
   s = _ALIAS_RE.sub(lambda m: _ALIASES[m.group(1)], s)
@@ -141,8 +147,8 @@ def _compact(s: str) -> str:
 
 def _merge_number_commas(s: str) -> str:
   """Thousands separators and decimal commas outside brackets read as numbers ('32,349' -> '32349', '3,14' ->
-  '3.14'); '32, 349' is untouched."""
-  if "," not in s:
+  '3.14'), and so are space-separated thousands ('1 000'); '32, 349' and '12 13' are untouched."""
+  if "," not in s and " " not in s:
     return s
   depth, depths = 0, []
   for c in s:
@@ -152,11 +158,20 @@ def _merge_number_commas(s: str) -> str:
   s2 = _THOUSANDS_IN.sub(lambda m: keep(m, m.group(0).replace(",", "")), s)
   if s2 != s:
     return s2
+  s2 = _SPACED_THOUSANDS_IN.sub(lambda m: keep(m, m.group(0).replace(" ", "")), s)
+  if s2 != s:
+    return s2
   return _DECIMAL_COMMA_IN.sub(lambda m: keep(m, m.group(0).replace(",", ".")), s)
 
 
 def _truth_text(truth: str) -> str:
-  return truth.replace(",", "") if _THOUSANDS.fullmatch(truth) else truth
+  """A ground truth that is one number with thousands separators ('7,425,000', '1 000') or a decimal comma
+  ('1,22', '0,111') as that number."""
+  if _THOUSANDS.fullmatch(truth):
+    return truth.replace(",", "").replace(" ", "")
+  if _DECIMAL_COMMA.fullmatch(truth):
+    return truth.replace(",", ".")
+  return truth
 
 
 def equivalent(pred: str, truth: str) -> bool:
@@ -211,9 +226,11 @@ def _key(node: Node) -> str | None:
     keys = [_key(item) for item in members]
     if any(k is None for k in keys):
       return None
-    if node[1] in ("", r"\{", "{"):
-      keys = sorted(set(keys))
+    if node[1] in (r"\{", "{") or (node[1] == "" and node[2] == "or") or len(members) != len(node[3]):
+      keys = sorted(set(keys))  # a set: braces, alternatives, \pm answers
       return keys[0] if len(keys) == 1 and node[1] == "" else "{" + ",".join(keys) + "}"
+    if node[1] == "":
+      return ",".join(keys)
     return f"{node[1]}{','.join(keys)}{node[2]}"
   if kind == "matrix":
     rows = [[_key(x) for x in row] for row in node[1]]
@@ -221,7 +238,7 @@ def _key(node: Node) -> str | None:
       return None
     return "M[" + ";".join(",".join(row) for row in rows) + "]"
   if kind == "pm":
-    return _key(("list", "", "", tuple(latex_compare.expand_pm(node))))
+    return _key(("list", "", "or", tuple(latex_compare.expand_pm(node))))
   if symbols(node):
     return None
   value = latex_eval.evaluate(node, {})

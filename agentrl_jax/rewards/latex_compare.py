@@ -1,17 +1,27 @@
 """Structural equality of answer trees (`latex_expr.parse`), used by `latex.equivalent`.
 
-  lists       a bare list ("1, 2 and 4"), a set (\\{..\\} or {..}) and several \\pm answers are unordered with
-              duplicates ignored; tuples and intervals compare element-wise with their brackets; a bare list
-              equals a tuple of the same length in order ("2, 3" = "(2, 3)").
+  lists       sets only when written as sets: a set (\\{..\\} or {..}), alternatives joined by 'or' ("2 or -3")
+              and \\pm answers are unordered with duplicates ignored, on either side; a plain list ("10, 4, -2",
+              "1, 2 and 4"), tuples and intervals compare element-wise in order with their brackets, and a plain
+              list equals a tuple of the same length ("2, 3" = "(2, 3)"); a plain list of labelled values
+              (`a_3 = 2, a_{37} = 19`) matches label by label, in any order.
   labels      `(p,q)=(3,2)`, `AB=4`, `f(x)=3x-1`, `x \\in [1, 5]`: the value after a label (symbols only) counts;
-              a chain `x = 3 + 4 = 7` counts by its last member, `x \\approx 2.5` by its approximation.
+              a chain `x = 3 + 4 = 7` counts by its last member when every member after the label is equal to
+              it (`3 = 5 = 7` states nothing), `x \\approx 2.5` by its approximation.
   relations   equations are equal when one is a nonzero multiple of the other after moving everything to one
               side (2y = 4x + 6 vs y = 2x + 3), inequalities by a positive multiple (-x > -1 vs x < 1); an
-              inequality on one variable equals its interval (-3 < a < 10 vs (-3, 10); x >= 2 vs [2, \\infty)).
+              inequality on one variable answers a ground truth that is that inequality or its interval
+              ((-3, 10) and x \\in (-3, 10) for -3 < a < 10), but a ground truth written as a set wants a set
+              (-3 < x < 10 is not the answer (-3, 10) asks for: sets only when written as sets).
   matrices    same shape, entry by entry; unions of intervals in any order.
-  scalars     exact rational equality, except that a decimal literal is a rounded value and, like anything
-              irrational, compares within `latex_eval.REL_TOL`; free symbols are evaluated at fixed
-              pseudo-random points.
+  scalars     the first answer is the prediction, the second the ground truth, whose form sets the tolerance:
+              rational values compare exactly, and an integer ground truth never admits anything else
+              (`33.00001` is not 33); a bare decimal is a rounding of an exact or irrational value on the other
+              side when within one unit of its last place and `latex_eval.REL_TOL` (`0.6666667` = 2/3,
+              `1.4142136` = sqrt 2, not `0.67`, not `1000000.4` for 1000000.5); other decimals in expressions
+              compare within REL_TOL; values computed in floating point without any decimal (irrationals,
+              expressions at sample points) only within float noise (`NOISE_TOL`: `355/452` is not pi/4). Free
+              symbols are evaluated at fixed pseudo-random points.
 
 Bounded: at most `MAX_ITEMS` members per list and `MAX_EXPANSIONS` \\pm expansions; every step is polynomial in the
 (bounded) tree size.
@@ -22,13 +32,16 @@ from __future__ import annotations
 import random
 
 from agentrl_jax.rewards import latex_eval
-from agentrl_jax.rewards.latex_expr import Fail, Node, has_decimal, subnodes, symbols
+from fractions import Fraction
+
+from agentrl_jax.rewards.latex_expr import Fail, Node, decimal_places, has_decimal, subnodes, symbols
 
 MAX_ITEMS = 64
+NOISE_TOL = 1e-9  # floating-point noise of values computed without any rounded (decimal) literal
 MAX_EXPANSIONS = 8
 _NEG_INF = ("neg", ("const", "inf"))
 _INF = ("const", "inf")
-_UNORDERED = ("", r"\{", "{")
+_BRACES = (r"\{", "{")
 
 
 def equal(a: Node, b: Node) -> bool:
@@ -47,22 +60,57 @@ def _points(names: set[str]) -> list[dict[str, complex]]:
 
 
 def _equal(a: Node, b: Node, pts) -> bool:
-  ma, mb = _members(a), _members(b)
-  if len(ma) == 1 and len(mb) == 1:
-    return _item_equal(ma[0], mb[0], pts)
-  for x, y in ((a, b), (b, a)):  # "2, 3" = "(2, 3)"
-    if _bare(x) and y[0] == "list" and y[1:3] == ("(", ")") and len(y[3]) == len(x[3]):
-      return all(_item_equal(p, q, pts) for p, q in zip(x[3], y[3]))
-  return _set_equal(ma, mb, pts)
+  if _unordered(a) or _unordered(b):
+    ma, mb = _members(a), _members(b)
+    if len(ma) == 1 and len(mb) == 1:
+      return _item_equal(ma[0], mb[0], pts)
+    return _set_equal(ma, mb, pts)
+  if _bare(a) and _tuple_of(b, len(a[3])):  # "2, 3" = "(2, 3)"
+    return all(_item_equal(p, q, pts) for p, q in zip(a[3], b[3]))
+  if _bare(b) and _tuple_of(a, len(b[3])):
+    return all(_item_equal(p, q, pts) for p, q in zip(a[3], b[3]))
+  if _bare(a) or _bare(b):
+    if not (_bare(a) and _bare(b) and len(a[3]) == len(b[3])):
+      return False
+    if _labelled(a) and _labelled(b):  # "a_3 = 2, a_{37} = 19": each value by its label, in any order
+      truth = {i[2][0]: i[2][1] for i in b[3]}
+      return all(i[2][0] in truth and _equal(i[2][1], truth[i[2][0]], pts) for i in a[3])
+    return all(_item_equal(p, q, pts) for p, q in zip(a[3], b[3]))
+  return _item_equal(a, b, pts)
+
+
+def _labelled(node: Node) -> bool:
+  """A plain list whose every item names what it is (`x = 1, y = 2`), with distinct labels."""
+  items = node[3]
+  if not all(i[0] == "rel" and i[1] == ("=",) and i[2][0][0] == "sym" for i in items):
+    return False
+  return len({i[2][0] for i in items}) == len(items)
+
+
+def _tuple_of(node: Node, n: int) -> bool:
+  return node[0] == "list" and node[1:3] == ("(", ")") and len(node[3]) == n
 
 
 def _bare(node: Node) -> bool:
-  return node[0] == "list" and node[1] == ""
+  return node[0] == "list" and node[1] == "" and node[2] == ""
+
+
+def _is_set(node: Node) -> bool:
+  """Written as a set: braces, or alternatives joined by 'or'."""
+  return node[0] == "list" and (node[1] in _BRACES or (node[1] == "" and node[2] == "or"))
+
+
+def _unordered(node: Node) -> bool:
+  """A whole answer compared as a set of members: a set, alternatives, or \\pm answers."""
+  if _is_set(node):
+    return True
+  items = node[3] if _bare(node) else (node,)
+  return any(n[0] == "pm" for item in items for n in subnodes(item))
 
 
 def _members(node: Node) -> list[Node]:
-  """The members of a whole answer: the items of a bare list or a set, else the answer; \\pm expanded."""
-  items = node[3] if node[0] == "list" and node[1] in _UNORDERED else (node,)
+  """The members of a whole answer: the items of a list or a set, else the answer; \\pm expanded."""
+  items = node[3] if node[0] == "list" and (node[1] == "" or node[1] in _BRACES) else (node,)
   out = []
   for item in items:
     out.extend(expand_pm(item))
@@ -139,7 +187,7 @@ def _item_equal(x: Node, y: Node, pts) -> bool:
   if x[0] == "list" or y[0] == "list":
     if x[0] != "list" or y[0] != "list":
       return False
-    if x[1] in _UNORDERED and y[1] in _UNORDERED:
+    if _is_set(x) and _is_set(y):
       return _set_equal(list(x[3]), list(y[3]), pts)
     if x[1:3] != y[1:3] and {x[1:3], y[1:3]} != {("", ""), ("(", ")")}:
       return False
@@ -154,12 +202,55 @@ def _item_equal(x: Node, y: Node, pts) -> bool:
 
 
 def _scalar_equal(x: Node, y: Node, pts) -> bool:
-  exact = not (has_decimal(x) or has_decimal(y))
+  """Prediction `x` against ground truth `y` (see the module docstring's `scalars`)."""
+  decimals = has_decimal(x) or has_decimal(y)
   if not (symbols(x) or symbols(y)):
-    return latex_eval.close(latex_eval.evaluate(x, {}), latex_eval.evaluate(y, {}), exact)
+    return _numbers_equal(x, latex_eval.evaluate(x, {}), y, latex_eval.evaluate(y, {}))
+  tol = latex_eval.REL_TOL if decimals else NOISE_TOL
   values = [(latex_eval.evaluate(x, env), latex_eval.evaluate(y, env)) for env in pts]
   defined = [(p, q) for p, q in values if p is not None or q is not None]
-  return bool(defined) and all(latex_eval.close(p, q, exact) for p, q in defined)
+  return bool(defined) and all(_within(p, q, tol) for p, q in defined)
+
+
+def _within(a, b, tol: float) -> bool:
+  if a is None or b is None:
+    return False
+  a, b = latex_eval.as_complex(a), latex_eval.as_complex(b)
+  if a == b:
+    return True
+  if any(v != v or abs(v) == float("inf") for v in (a.real, a.imag, b.real, b.imag)):
+    return False
+  return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
+
+
+def _rounding_of(dec_node: Node, dec, other) -> bool:
+  """Whether the bare decimal `dec_node` (value `dec`) is a rounding (or truncation) of `other`: within one unit
+  of its last place and REL_TOL."""
+  places = decimal_places(dec_node)
+  if places is None:
+    return False
+  diff = abs(latex_eval.as_complex(dec) - latex_eval.as_complex(other))
+  if isinstance(dec, Fraction) and isinstance(other, Fraction):
+    diff = abs(dec - other)
+  return diff < Fraction(1, 10 ** places) and _within(dec, other, latex_eval.REL_TOL)
+
+
+def _numbers_equal(x: Node, vx, y: Node, vy) -> bool:
+  if vx is None or vy is None:
+    return False
+  if isinstance(vx, Fraction) and isinstance(vy, Fraction) and vx == vy:
+    return True
+  if isinstance(vy, Fraction) and vy.denominator == 1 and not has_decimal(y):  # an integer answer is exact
+    return not isinstance(vx, Fraction) and not has_decimal(x) and _within(vx, vy, NOISE_TOL)
+  if isinstance(vx, Fraction) and vx.denominator == 1 and not has_decimal(x) and isinstance(vy, Fraction):
+    return False
+  if _rounding_of(x, vx, vy) or _rounding_of(y, vy, vx):
+    return True
+  if decimal_places(x) is not None or decimal_places(y) is not None:
+    return False  # a bare decimal that is no rounding of the other side
+  if isinstance(vx, Fraction) and isinstance(vy, Fraction):
+    return False
+  return _within(vx, vy, latex_eval.REL_TOL if has_decimal(x) or has_decimal(y) else NOISE_TOL)
 
 
 # ---------------------------------------------------------------------------------------------- relations
@@ -168,16 +259,45 @@ def _scalar_equal(x: Node, y: Node, pts) -> bool:
 def _rel_item_equal(x: Node, y: Node, pts) -> bool:
   if x[0] == "rel" and y[0] == "rel" and (_rel_equal(x, y, pts) or _chain_equal(x, y, pts)):
     return True
-  ix = _as_interval(x) if x[0] == "rel" else x
-  iy = _as_interval(y) if y[0] == "rel" else y
-  if ix is not None and iy is not None and ix[0] in ("list", "union") and iy[0] in ("list", "union"):
+  ix, iy = _interval_of(x), _interval_of(y)
+  # A ground truth written as a set (an interval, `x \\in [a, b]`) wants a set; one written as an inequality
+  # takes either (Math-Verify's default, `allow_set_relation_comp=False`).
+  set_ok = not (_set_form(y) and not _set_form(x))
+  if set_ok and ix is not None and iy is not None and ix[0] in ("list", "union") and iy[0] in ("list", "union"):
     if _item_equal(ix, iy, pts):
       return True
   vx = value(x) if x[0] == "rel" else x
   vy = value(y) if y[0] == "rel" else y
   if vx is None or vy is None or (vx is x and vy is y):
     return False
+  if not (_chain_consistent(x, pts) and _chain_consistent(y, pts)):
+    return False
   return _equal(vx, vy, pts)
+
+
+def _chain_consistent(node: Node, pts) -> bool:
+  """An `=` chain of three or more members states its last member only when every member after a leading label
+  equals it (`x = 3 + 4 = 7` yes, `3 = 5 = 7` no); anything else is consistent."""
+  if node[0] != "rel" or not all(op == "=" for op in node[1]) or len(node[2]) < 3:
+    return True
+  members = list(node[2][1:] if is_label(node[2][0]) else node[2])
+  last = members[-1]
+  return all(_equal(m, last, pts) and _equal(last, m, pts) for m in members[:-1])
+
+
+def _set_form(node: Node) -> bool:
+  return node[0] != "rel" or node[1] == ("in",)
+
+
+def _interval_of(node: Node) -> Node | None:
+  """An answer as a set of reals where it states one: `-2 <= x <= 7` and `x \\in [-2, 7]` both give [-2, 7]."""
+  if node[0] != "rel":
+    return node
+  interval = _as_interval(node)
+  if interval is None:
+    v = value(node)
+    interval = v if v is not None and v[0] in ("list", "union") and node[1] == ("in",) else None
+  return interval
 
 
 def value(rel: Node) -> Node | None:

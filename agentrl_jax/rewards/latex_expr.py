@@ -2,7 +2,8 @@
 
 Grammar, loosest first (a whole answer):
 
-    answer    item (SEP item)*                   SEP: ',' ';' 'and' 'or' ('list', '', '', items) when > 1 item
+    answer    item (SEP item)*                   SEP: ',' ';' 'and' 'or' ('list', '', '', items) when > 1 item,
+                                                 ('list', '', 'or', items) when an 'or' joins them
     item      ratio (REL ratio)*                 REL: = < > <= >= \\ne \\approx \\in -> ('rel', ops, operands)
     ratio     union (':' union)?                 -> ('ratio', a, b)
     union     expr (\\cup expr)*                 -> ('union', items)
@@ -94,15 +95,16 @@ class _Parser:
   # ------------------------------------------------------------------------------------------ structure
 
   def top(self) -> Node:
-    items = [self.item()]
+    items, alternatives = [self.item()], False
     while self.peek() in (",", ";", "and", "or"):
-      self.take()
+      alternatives |= self.take() == "or"
       if self.peek() in ("and", "or"):  # "1, 2, and 3"
-        self.take()
+        alternatives |= self.take() == "or"
       items.append(self.item())
     if self.peek() is not None:
       raise Fail(f"trailing {self.peek()!r}")
-    return items[0] if len(items) == 1 else ("list", "", "", tuple(items))
+    # Alternatives ("2 or -3") are a set of answers; a plain list ("10, 4, -2") is ordered.
+    return items[0] if len(items) == 1 else ("list", "", "or" if alternatives else "", tuple(items))
 
   def item(self) -> Node:
     operands, ops = [self.ratio()], []
@@ -333,9 +335,19 @@ def number(tok: str) -> Fraction:
 
 
 def num_node(tok: str) -> Node:
-  """('num', value), or ('num', value, 'dec') for a decimal with a fractional part: a rounded value."""
+  """('num', value), or ('num', value, 'dec', places) for a decimal with a fractional part: a rounded value
+  written to `places` decimal places."""
   value = number(tok)
-  return ("num", value, "dec") if "." in tok and value.denominator != 1 else ("num", value)
+  if "." in tok and value.denominator != 1:
+    return ("num", value, "dec", len(tok) - tok.index(".") - 1)
+  return ("num", value)
+
+
+def decimal_places(node: Node) -> int | None:
+  """The decimal places of a bare decimal literal (`0.6666667`, `-1.25`), else None."""
+  if node[0] == "neg":
+    node = node[1]
+  return node[3] if node[0] == "num" and len(node) > 3 else None
 
 
 def parse(answer: str) -> Node | None:

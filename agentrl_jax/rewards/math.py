@@ -5,19 +5,24 @@
     math_reward.score("... \\\\boxed{0.5}", "\\\\frac12", mode="strict")                    # score -1.0
 
 Modes:
-  strict  the recipe's compare (verl `math_dapo.compute_score(..., strict_box_verify=True)`): only the last 100
-          characters of the response are searched (the reference keeps `solution_str[-300:]`, then
-          `pred[-100:]`; verl/utils/reward_score/math_dapo.py:260 and :211) for the last `\\\\boxed{`, whose
-          content must equal the ground truth string exactly. As there, control tokens (`<|im_end|>`) are not part
-          of the response (the reference decodes with `skip_special_tokens=True`).
+  strict  the recipe's compare, exactly (verl `math_dapo.compute_score(..., strict_box_verify=True)`, called by
+          the recipe's reward, Gen-Verse/Open-AgentRL recipe/demystify/reward.py:171): the response is cut to its
+          last 300 characters (verl/utils/reward_score/math_dapo.py:260), then to the last 100
+          (`is_correct_strict_box`, :211); the last `\\boxed{` in them is read with its braces counted as they
+          come (`last_boxed_only_string`, :20-47, and `remove_boxed`, :50-62), and its content must equal the
+          ground truth string exactly (:217): no normalisation at all, so `\\boxed{999999.5}` is not 1000000,
+          `\\boxed{33.00001}` is not 33 and `\\boxed{3 = 5 = 7}` is not 7. As there, control tokens (`<|im_end|>`)
+          are not part of the response (the reference decodes with `skip_special_tokens=True`).
   equiv   equivalence at the level of Math-Verify (`latex.equivalent`): fractions, roots, decimals, thousands
-          separators, units and percent words, unordered solution sets, labelled answers, equation chains,
-          equations and inequalities, intervals, matrices. The answer is the last box, joined with the boxes just
-          before it when only separators stand between them (`\\\\boxed{(2,2)} \\\\text{ and } \\\\boxed{(6,2)}`),
-          so several boxes answer together and a hedge (`\\\\boxed{3} or \\\\boxed{5}`) is a list, never its last item.
-A response without a boxed answer is wrong. In both modes text inside `<tool_response>...</tool_response>` is
-ignored (unlike the reference): an answer printed by the code tool is not the model's answer. Every call is
-bounded (see `latex`), whatever the input.
+          separators, units and percent words, labelled answers, equations and inequalities, intervals,
+          matrices; integers exact, a decimal only as a rounding within its last place, a chain only when all
+          its members are equal, tuples and plain lists in order, sets only when written as sets. The answer is
+          the last box, joined with the boxes just before it when only separators stand between them
+          (`\\boxed{(2,2)} \\text{ and } \\boxed{(6,2)}`), so several boxes answer together and a hedge
+          (`\\boxed{3} or \\boxed{5}`) is a list, never its last item.
+A response without a boxed answer is wrong. The text scored is what the model generated (`rl.batch.model_text`
+reads only its own tokens: a tool's output is never its answer); `<tool_response>` blocks found in a text are
+dropped as well. Every call is bounded (see `latex`), whatever the input.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from agentrl_jax.rewards import latex
 from agentrl_jax.rewards.base import RewardResult
 
 MODES = ("strict", "equiv")
-STRICT_WINDOW_CHARS = 100  # the reference's `pred[-100:]` (math_dapo.py:211)
+STRICT_WINDOW_CHARS = 100  # the reference's `solution_str[-300:]` then `pred[-100:]` (math_dapo.py:260, :211)
 MAX_JOINED_BOXES = 16
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 _TOOL_RESPONSE_RE = re.compile(r"<tool_response>.*?(?:</tool_response>|\Z)", re.DOTALL)
@@ -141,7 +146,8 @@ def score(response: str, ground_truth: str, mode: str = "equiv") -> RewardResult
   truth = ground_truth if isinstance(ground_truth, str) else "" if ground_truth is None else str(ground_truth)
   text = strip_tool_responses(text)
   if mode == "strict":
-    pred = _reference_last_boxed(_CONTROL_TOKEN_RE.sub("", text)[-STRICT_WINDOW_CHARS:])
+    # math_dapo.py:260 keeps the last 300 characters and :211 the last 100 of those: the last 100.
+    pred = _reference_last_boxed(_CONTROL_TOKEN_RE.sub("", text)[-300:][-STRICT_WINDOW_CHARS:])
     if pred is None:
       return RewardResult(-1.0, False, "", "no boxed answer in the last 100 characters")
     ok = pred == truth

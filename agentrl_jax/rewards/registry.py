@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -142,17 +143,21 @@ def compute_score(data_source: str, response: str, ground_truth: Any, extra_info
     cfg: reward settings.
 
   Returns:
-    The `RewardResult`. A crash inside a scorer is logged and becomes score 0 with an `info` message.
+    The `RewardResult`. A crash inside a scorer is logged and becomes score 0 with `failure='scorer'` and an
+    `info` message (the trainer leaves such responses out of the advantage and counts them).
 
   Raises:
     ValueError: unknown `data_source` (unless `cfg.default_kind`).
   """
   kind = kind_for(data_source, cfg)
   try:
-    return SCORERS[kind](response, ground_truth, extra_info, executor, cfg)
+    result = SCORERS[kind](response, ground_truth, extra_info, executor, cfg)
+    if not isinstance(result, RewardResult) or not math.isfinite(result.score):
+      raise TypeError(f"the scorer returned {result!r}, not a RewardResult with a finite score")
+    return result
   except Exception as e:  # pylint: disable=broad-except
     logger.exception("reward %s failed for data_source %r", kind, data_source)
-    return RewardResult(0.0, False, "", f"reward {kind} failed: {type(e).__name__}: {e}")
+    return RewardResult(0.0, False, "", f"reward {kind} failed: {type(e).__name__}: {e}", failure="scorer")
 
 
 def answer_key(data_source: str, pred: str, cfg: RewardConfig = RewardConfig()) -> str | None:

@@ -6,10 +6,17 @@
 
 Scoring runs the reward functions in a thread pool: code rewards wait on the sandbox, and a crashing scorer
 becomes score 0 with a message (`rewards.compute_score`), so a bad response never stops the run.
+
+Rewards read the model's own tokens only (`model_text`: loss mask 1), never what a tool printed. A response whose
+reward could not be computed for a reason outside it (`RewardResult.failure`: sandbox down, harness or scorer
+error, malformed ground truth) is an infrastructure failure, not an answer: `update_batch` leaves its row out of
+the loss, the trainer leaves it out of its group's advantage, and `InfraTally` counts such responses per data
+source and stops the run (`RunStopped`) when a step has more than the configured fraction of them.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 from collections.abc import Sequence
@@ -35,7 +42,9 @@ class Scored:
     truncated: the episode hit its response budget.
     pred: the extracted answer of each episode (for logs and majority voting).
     info: scorer messages (empty when all went well).
-    response_text: the decoded response (model and tool tokens), what the scorer read.
+    response_text: what the scorer read: the text of the tokens the model generated (`model_text`).
+    failure: per episode, '' or why its reward could not be computed (a `rewards.FAILURES` kind).
+    data_source: per episode, its row's data source.
   """
 
   score: np.ndarray
@@ -46,6 +55,18 @@ class Scored:
   pred: list[str]
   info: list[str]
   response_text: list[str]
+  failure: list[str] = dataclasses.field(default_factory=list)
+  data_source: list[str] = dataclasses.field(default_factory=list)
+
+  def __post_init__(self):
+    n = len(self.score)
+    self.failure = list(self.failure) or [""] * n
+    self.data_source = list(self.data_source) or [""] * n
+
+  @property
+  def infra(self) -> np.ndarray:
+    """Bool [E]: the reward could not be computed (excluded from advantages and the loss)."""
+    return np.array([bool(f) for f in self.failure], bool)
 
   def select(self, indices) -> Scored:
     """The entries at `indices` (in that order)."""
@@ -62,7 +83,19 @@ class Scored:
 
 
 def response_text(tokenizer, episode: Episode) -> str:
+  """The whole response (model and tool tokens) as text, for logs."""
   return tokenizer.decode(episode.response_ids.tolist(), skip_special_tokens=False)
+
+
+def model_text(tokenizer, episode: Episode) -> str:
+  """The text of the tokens the model generated (loss mask 1), each turn's run decoded on its own and joined with
+  a newline: what every reward reads. Tool output (and the chat markup around it) is not the model's answer,
+  whatever it prints."""
+  mask = np.asarray(episode.loss_mask) != 0
+  ids = np.asarray(episode.response_ids)
+  edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+  runs = [ids[a:b].tolist() for a, b in zip(edges[::2], edges[1::2])]
+  return "\n".join(tokenizer.decode(run, skip_special_tokens=False) for run in runs)
 
 
 def score_episodes(episodes: Sequence[Episode], records: Sequence[PromptRecord], *, tokenizer, executor,
@@ -84,7 +117,7 @@ def score_episodes(episodes: Sequence[Episode], records: Sequence[PromptRecord],
 
 
 def _score_local(episodes, records, *, tokenizer, executor, reward_cfg, shaping_cfg, max_workers) -> Scored:
-  texts = [response_text(tokenizer, e) for e in episodes]
+  texts = [model_text(tokenizer, e) for e in episodes]
 
   def one(i: int) -> rewards.RewardResult:
     rec = records[episodes[i].group]
@@ -105,28 +138,41 @@ def _score_local(episodes, records, *, tokenizer, executor, reward_cfg, shaping_
                      for r, e in zip(results, episodes)], np.float32)
   return Scored(score=score, acc=np.array([bool(r.acc) for r in results]), reward=shaped,
                 overlong_penalty=penalty, truncated=np.array([e.stop_reason == STOP_LENGTH for e in episodes]),
-                pred=[r.pred for r in results], info=[r.info for r in results], response_text=texts)
+                pred=[r.pred for r in results], info=[r.info for r in results], response_text=texts,
+                failure=[r.failure for r in results],
+                data_source=[records[e.group].data_source for e in episodes])
 
 
-def informative_groups(score: np.ndarray, n: int) -> np.ndarray:
+def informative_groups(score: np.ndarray, n: int, valid: np.ndarray | None = None) -> np.ndarray:
   """Boolean `[G]`: groups (consecutive runs of n episodes) whose outcome scores are not all equal.
 
   A group whose samples are all right (or all wrong) teaches nothing but dilutes the token-mean; DAPO's dynamic
   sampling drops such groups and draws more prompts instead. The outcome score decides, not the shaped reward:
-  an overlong penalty alone does not make a group informative about correctness.
+  an overlong penalty alone does not make a group informative about correctness. With `valid` ([E], False for
+  infrastructure failures), only valid episodes count, and a group needs two of them.
   """
-  r = np.asarray(score).reshape(-1, n)
-  return ~np.all(np.isclose(r, r[:, :1]), axis=1)
+  r = np.asarray(score, np.float64).reshape(-1, n)
+  ok = np.ones_like(r, bool) if valid is None else np.asarray(valid, bool).reshape(-1, n)
+  hi = np.where(ok, r, -np.inf).max(axis=1)
+  lo = np.where(ok, r, np.inf).min(axis=1)
+  return (ok.sum(axis=1) >= 2) & ~np.isclose(hi, lo)
 
 
-def update_batch(collated: dict[str, np.ndarray], advantages: np.ndarray) -> dict[str, np.ndarray]:
+def update_batch(collated: dict[str, np.ndarray], advantages: np.ndarray,
+                 keep: np.ndarray | None = None) -> dict[str, np.ndarray]:
   """Token-aligned arrays for `rl.update` from `rollout.collate` output and per-episode advantages.
 
   `collate` lays each row out as prompt then response in `input_ids` (the response starts at `prompt_lens[b]`),
   with response-aligned masks; this places the loss mask and sampler log-probs at the same offsets.
 
+  Args:
+    collated: `collate(episodes)`.
+    advantages: [E] per episode.
+    keep: [E] bool, False for episodes left out of the loss (infrastructure failures): their rows get loss mask
+      0 and advantage 0, so they add nothing to the loss nor to the token-mean's denominator.
+
   Returns:
-    tokens [B, T], loss_mask [B, T], sampler_logp [B, T], advantages [B] (0 on padding rows).
+    tokens [B, T], loss_mask [B, T], sampler_logp [B, T], advantages [B] (0 on padding and excluded rows).
   """
   tokens = collated["input_ids"]
   b, t = tokens.shape
@@ -140,7 +186,11 @@ def update_batch(collated: dict[str, np.ndarray], advantages: np.ndarray) -> dic
   sampler_logp[rows[inside], cols[inside]] = collated["logp_raw"][inside]
   adv = np.zeros((b,), np.float32)
   adv[:len(advantages)] = advantages
-  adv *= collated["valid"]
+  row_ok = collated["valid"].astype(np.float32)
+  if keep is not None:
+    row_ok[:len(keep)] *= np.asarray(keep, np.float32)
+  adv *= row_ok
+  loss_mask *= row_ok[:, None]
   return {"tokens": tokens, "loss_mask": loss_mask, "sampler_logp": sampler_logp, "advantages": adv}
 
 
@@ -208,3 +258,52 @@ def pack_minibatch(mb: dict[str, np.ndarray], lengths: np.ndarray, *, pack_len: 
       out["segment_ids"][dest, sl] = seg
       start += n
   return out
+
+
+class RunStopped(RuntimeError):
+  """The trainer stopped the run itself, for the reason its message names (its last checkpoint is kept)."""
+
+
+@dataclasses.dataclass
+class InfraTally:
+  """Responses of one step whose reward could not be computed, by data source and kind (`Scored.failure`)."""
+
+  responses: int = 0
+  failures: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # (source, kind) -> n
+  example: str = ""
+
+  def add(self, scored: Scored) -> None:
+    self.responses += len(scored.score)
+    for source, kind, info in zip(scored.data_source, scored.failure, scored.info):
+      if kind:
+        self.failures[(source, kind)] += 1
+        self.example = self.example or info
+
+  @property
+  def count(self) -> int:
+    return sum(self.failures.values())
+
+  def metrics(self) -> dict[str, float]:
+    """`reward/infra_failures` and `reward/infra_failures/<data_source>` (sources with failures)."""
+    out = {"reward/infra_failures": float(self.count)}
+    for (source, _), n in sorted(self.failures.items()):
+      key = f"reward/infra_failures/{source}"
+      out[key] = out.get(key, 0.0) + n
+    return out
+
+  def check(self, max_frac: float, step: int) -> None:
+    """Raises `RunStopped` naming the causes when more than `max_frac` of the step's responses failed."""
+    if not self.responses or self.count <= max_frac * self.responses:
+      return
+    causes = collections.Counter()
+    for (_, kind), n in self.failures.items():
+      causes[kind] += n
+    def by_source(kind):
+      return ", ".join(f"{s} x{c}" for (s, k), c in sorted(self.failures.items()) if k == kind)
+
+    detail = "; ".join(f"{kind} x{n} ({by_source(kind)})" for kind, n in causes.most_common())
+    raise RunStopped(
+        f"rl: step {step}: the reward of {self.count} of {self.responses} responses "
+        f"({self.count / self.responses:.1%}) could not be computed for reasons outside them, more than "
+        f"rl.max_infra_failure_frac={max_frac:g}: {detail}; e.g. {self.example[:300]!r}. Stopping before the "
+        "update; the checkpoints written so far are kept: fix the cause and rerun with the same workdir to resume.")

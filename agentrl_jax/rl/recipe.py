@@ -91,6 +91,8 @@ def rl_config(**model) -> ml_collections.ConfigDict:
       total_steps=0,                 # 0: total_epochs over the training prompts
       dynamic_sampling=False, dynamic_sampling_max_extra_rounds=3,
       reuse_sampler_logp=False,      # True: the sampler's log-probs as the old policy's (no recompute pass)
+      max_infra_failure_frac=0.05,   # stop when more of a step's responses cannot be scored (sandbox down, ...)
+      max_consecutive_nonfinite_steps=3,  # stop after this many steps in a row with a non-finite update
       response_bucket_min=1024, logits_chunk_size=1024,
       # > 0: episodes packed into rows of this many tokens for scoring and the update, as the reference runs
       # (verl's use_dynamic_bsz with ppo_max_token_len_per_gpu = max prompt + max response = 23040): one update

@@ -7,6 +7,14 @@ One function, `run(config, workdir)`, in the sections of big_vision's train.py. 
     more prompts] -> group advantages -> old log-probs (recomputed, or the sampler's) -> one compiled update per
     mini-batch -> metrics, samples, periodic evaluation, checkpoint.
 
+Responses whose reward could not be computed (sandbox down, harness or scorer error, malformed ground truth:
+`rewards.RewardResult.failure`) carry no advantage and no loss, their groups are normalised without them, and
+they are counted (`reward/infra_failures`, per data source); a step with more than `rl.max_infra_failure_frac` of
+them stops the run (`batch.RunStopped`, naming the causes) before its update. An update whose loss or gradient
+norm is not finite is skipped by the update step (parameters unchanged); such steps are counted and logged, save
+no checkpoint, and `rl.max_consecutive_nonfinite_steps` of them in a row stop the run, the last checkpoint (of
+finite parameters) kept.
+
 The sampler reads the trainer's params directly (on `sampler_mesh`, its own layout over the same devices, when
 set: a device-to-device reshard per rollout); there is no weight sync. Several processes (one per host): the
 rollout is one SPMD program whose rows live on their hosts' devices, each host runs its own rows' tool calls
@@ -99,18 +107,23 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       path=prompt_path, schema=config.data.train_schema, data_dir=data_dir, skip_malformed=config.data.skip_malformed)))
   pipe_cfg = data.PipelineConfig(batch_size=rl.prompts_per_step, seed=config.seed, shuffle=config.data.shuffle,
                                  shard_index=0, shard_count=1)
+  # A source no reward handles is refused now, naming its file and row, not after a step's rollout.
+  known = lambda source: rewards.kind_for(source, reward_cfg)  # noqa: E731
+  data.refuse_unknown_sources(prepared, known)
   data_iter = iter(data.prompt_batches(prepared.data_source, pipe_cfg, style=style))
   steps_per_epoch = max(prepared.num_examples // rl.prompts_per_step, 1)
   total_steps = rl.total_steps or rl.total_epochs * steps_per_epoch
   eval_records = multihost.primary_first("rl_eval_data", lambda: eval_runner.load_sources(
-      config.eval.sources, data_dir, style)) if config.eval.sources else []
+      config.eval.sources, data_dir, style, check=known)) if config.eval.sources else []
   log.info("rl: %d prompts (%d malformed skipped), %d per step x %d samples, %d steps; %d eval problems",
            prepared.num_examples, prepared.num_skipped, rl.prompts_per_step, n, total_steps, len(eval_records))
 
   # ---------------------------------------------------------------------------------------------- model & state
   opt_cfg = update_lib.OptimizerConfig(**config.optimizer)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), ckpt_cfg)
-  counters = {"episodes": 0, "prompts": 0, "skipped_prompts": 0, "dropped_groups": 0, "generated_tokens": 0}
+  counters = {"episodes": 0, "prompts": 0, "skipped_prompts": 0, "dropped_groups": 0, "generated_tokens": 0,
+              "infra_failures": 0, "nonfinite_steps": 0}
+  max_infra_frac, max_nonfinite = rl.max_infra_failure_frac, rl.max_consecutive_nonfinite_steps
   model_block = embedded_tokenizer.fill_model_block(config.model)
   tokenizer, model_cfg = loading.tokenizer_and_config(model_block)
   ref_params = None
@@ -164,6 +177,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                                         wandb_project=config.get("wandb_project") or None)
   bar = metrics_writer.progress_bar(total_steps, initial=step, desc="rl")
   last: dict[str, float] = {}
+  nonfinite_run = 0  # consecutive steps with a skipped (non-finite) update
   try:
     if eval_engine is not None and step == 0 and config.eval.at_start:
       run_eval(0)
@@ -172,6 +186,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       # ---- rollouts (+ dynamic sampling rounds)
       episodes, records, scored_parts, times = [], [], [], {"rollout": 0.0, "tools": 0.0, "scoring": 0.0}
       rounds, informative_total, groups_seen = 0, 0, 0
+      tally = batch_lib.InfraTally()
       while True:
         rendered = engine.render(next(data_iter))
         counters["skipped_prompts"] += len(rendered.skipped)
@@ -187,7 +202,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                                             reward_cfg=reward_cfg, shaping_cfg=shaping_cfg,
                                             max_workers=config.tools.max_concurrency or 8)
           times["scoring"] += time.perf_counter() - t0
-          keep = batch_lib.informative_groups(scored.score, n)
+          tally.add(scored)
+          keep = batch_lib.informative_groups(scored.score, n, valid=~scored.infra)
           groups_seen += len(keep)
           informative_total += int(keep.sum())
           if not rl.dynamic_sampling:
@@ -204,6 +220,17 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         if (not rl.dynamic_sampling or len(records) >= rl.prompts_per_step
             or rounds > rl.dynamic_sampling_max_extra_rounds):
           break
+      counters["infra_failures"] += tally.count
+      if tally.count:
+        log.warning("rl: step %d: %d of %d responses could not be scored (%s); left out of the advantages",
+                    step + 1, tally.count, tally.responses, tally.example[:200])
+      try:
+        tally.check(max_infra_frac, step + 1)
+      except batch_lib.RunStopped as e:
+        log.error("%s", e)
+        if step:
+          save(step, force=True)
+        raise
       if not records:
         log.warning("rl: step %d: no informative group after %d rounds; skipping the update", step + 1, rounds)
         step += 1
@@ -217,11 +244,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       counters["prompts"] += len(records)
 
       # ---- advantages and the update batch
+      # Infrastructure failures carry no signal: out of their group's statistics, the advantages and the loss.
+      valid = ~sc.infra
       group_ids = np.repeat(np.arange(len(records)), n)
-      adv = np.asarray(adv_lib.compute_advantages(jnp.asarray(sc.reward), jnp.asarray(group_ids), adv_cfg))
+      adv = np.asarray(adv_lib.compute_advantages(jnp.asarray(sc.reward), jnp.asarray(group_ids), adv_cfg,
+                                                  valid=jnp.asarray(valid)))
       collated = collate(episodes, pad_id=pad_id, prompt_bucket_min=rollout_cfg.prompt_bucket_min,
                          response_bucket_min=rl.response_bucket_min, batch_multiple=mini_rows)
-      full = batch_lib.update_batch(collated, adv)
+      full = batch_lib.update_batch(collated, adv, keep=valid)
       full["lengths"] = collated["prompt_lens"] + collated["response_lens"]
 
       # ---- old (and reference) log-probs, then one update per mini-batch
@@ -254,14 +284,23 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       times["update"] = time.perf_counter() - t0
       step += 1
       bar.update(1)
+      skipped = int(sum(float(u["skipped"]) for u in updates))
+      nonfinite_run = nonfinite_run + 1 if skipped else 0
+      if skipped:
+        counters["nonfinite_steps"] += 1
+        log.warning("rl: step %d: %d of %d updates had a non-finite loss or gradient norm and were skipped "
+                    "(parameters unchanged); %d such step(s) in a row, the run stops at %d", step, skipped,
+                    len(updates), nonfinite_run, max_nonfinite)
 
       # ---- metrics, samples, evaluation, checkpoint
       calls = sum(e.num_tool_calls for e in episodes)
       failed = sum(e.num_failed_calls for e in episodes)
       lengths = np.array([e.response_len for e in episodes])
       last = {
-          "reward/mean": _mean(sc.reward), "reward/score_mean": _mean(sc.score), "reward/acc": _mean(sc.acc),
-          "reward/overlong_frac": _mean(sc.truncated), "reward/overlong_penalty_mean": _mean(sc.overlong_penalty),
+          "reward/mean": _mean(sc.reward[valid]), "reward/score_mean": _mean(sc.score[valid]),
+          "reward/acc": _mean(sc.acc[valid]), "reward/overlong_frac": _mean(sc.truncated),
+          "reward/overlong_penalty_mean": _mean(sc.overlong_penalty), **tally.metrics(),
+          "train/nonfinite_updates": float(skipped),
           "response/length_mean": _mean(lengths), "response/length_max": float(lengths.max()),
           "response/tool_calls_mean": calls / len(episodes),
           "response/malformed_calls_mean": _mean([e.num_malformed_calls for e in episodes]),
@@ -280,12 +319,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         writer.write(step, last)
       if config.samples_every_steps and (step % config.samples_every_steps == 0 or step == 1):
         writer.write_samples(step, [{"kind": "train", "transcript": e.transcript, "reward": float(sc.reward[i]),
-                                     "acc": bool(sc.acc[i]), "pred": sc.pred[i]}
+                                     "acc": bool(sc.acc[i]), "pred": sc.pred[i], "advantage": float(adv[i]),
+                                     "failure": sc.failure[i], "info": sc.info[i]}
                                     for i, e in enumerate(episodes[:config.samples_per_log])])
       if eval_engine is not None and config.eval.every_steps and (step % config.eval.every_steps == 0
                                                                   or step == total_steps):
         run_eval(step)
-      save(step, force=step == total_steps)
+      if nonfinite_run >= max_nonfinite:
+        raise batch_lib.RunStopped(
+            f"rl: step {step}: {nonfinite_run} steps in a row had updates with a non-finite loss or gradient norm "
+            f"(rl.max_consecutive_nonfinite_steps={max_nonfinite}); stopping. Their updates were skipped, so the "
+            "parameters stayed finite; the last checkpoint is kept (none is written for a non-finite step).")
+      if not skipped:  # a step whose update was skipped saves nothing: the last checkpoint stays the last finite one
+        save(step, force=step == total_steps)
   finally:
     bar.close()
     ckpt.close()

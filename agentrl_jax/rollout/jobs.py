@@ -167,6 +167,9 @@ def load_prompts(config: ml_collections.ConfigDict, workdir: str, *, limit: int 
   prepared = multihost.primary_first("prompts", lambda: data.prepare(data.SourceConfig(
       path=path, schema=config.data.train_schema, data_dir=config.data.data_dir or os.path.join(workdir, "tfds"),
       skip_malformed=config.data.skip_malformed)))
+  if "reward" in config:  # a source no reward handles is refused before any sampling (file and row named)
+    reward_cfg = reward_config(config.reward)
+    data.refuse_unknown_sources(prepared, lambda source: rewards.kind_for(source, reward_cfg))
   raw = data.all_prompt_records(prepared.data_source, None, limit=limit or None)
   style = prompt_style(config.get("prompt_style"))
   styled = [data.apply_prompt_style(r, style) for r in raw]

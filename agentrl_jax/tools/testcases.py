@@ -6,12 +6,22 @@ Suites come in the forms code datasets use (`parse_suite` accepts each as a dict
   functional  LiveCodeBench call-based: {"inputs": [...], "outputs": [...], "fn_name": "f"}. An input is a string
               with one JSON argument per line (or a list of arguments); `Solution().f(*args)` (or a top-level
               `f`) must return the JSON-decoded output.
-  assert      HumanEval / the recipe's KodCode form: {"test_code" or "test": str, "entry_point": str,
-              "import_prefix": str (optional)}. The program is prefix + solution + test code + `check(entry_point)`
-              and passes when it exits 0. A test of the form `def check(candidate):` followed only by one-line
-              asserts is split into one test per assert (partial credit, as the recipe does).
+  assert      HumanEval / the recipe's KodCode / MBPP / pytest form: {"test_code" or "test": str (or a list of
+              them), "entry_point": str, "import_prefix": str (optional)}. Which tests run is read from the test
+              code (`assert_tests.split_tests`: check(entry_point), one test per one-line assert of a `check`,
+              every `test_*` function and `Test*` method, module-level asserts); each runs in the two-process
+              harness (`harness_main.py`), where a pass is a verdict only the harness can write after the test's
+              last check, and comparisons are the harness's own. The prefix runs before the solution and, as
+              trusted code, before the test: names it defines (a prompt's helpers) are the test's, not the
+              solution's.
 Also accepted: {"ground_truth": <suite>} and LiveCodeBench's list of {"input", "output", "testtype"} records under
 "test_cases" (with "fn_name" / "func_name" for functional ones).
+
+In the stdin and functional forms the expected outputs never enter the sandbox: the host compares what the
+program printed, as data of its own (decoded JSON), so no exit or hook inside the program can pass a test. A run
+the sandbox could not carry out (`sandbox_error`), a verdict that the test cannot run here (malformed) or that
+the harness cannot run it (unsupported, harness_error) is an infrastructure outcome: `SuiteReport.infra` names
+it, and the suite's score is not the solution's.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
+from agentrl_jax.tools import assert_tests
 from agentrl_jax.tools.base import ExecResult, Executor
 
 KINDS = ("stdin", "functional", "assert")
@@ -45,9 +56,10 @@ class TestSuite:
     inputs: stdin texts (stdin) or argument lists (functional).
     outputs: expected stdout texts (stdin) or expected return values (functional).
     fn_name: functional only: the function / `Solution` method to call.
-    tests: assert only: test programs, each appended to the solution for one run.
+    tests: assert only: the test code of each test.
+    targets: assert only: what each test runs ('check', 'module', 'test:NAME', 'test:Class.method').
     entry_point: assert only: the name passed to `check(...)`; '' = the test code calls what it needs itself.
-    import_prefix: code placed before the solution.
+    import_prefix: code placed before the solution (assert form: before the test too).
   """
 
   kind: str
@@ -55,6 +67,7 @@ class TestSuite:
   outputs: tuple[Any, ...] = ()
   fn_name: str = ""
   tests: tuple[str, ...] = ()
+  targets: tuple[str, ...] = ()
   entry_point: str = ""
   import_prefix: str = ""
 
@@ -67,6 +80,8 @@ class TestSuite:
       raise ValueError("TestSuite: no test cases")
     if self.kind == "functional" and not self.fn_name.isidentifier():
       raise ValueError(f"TestSuite.fn_name must be an identifier, got {self.fn_name!r}")
+    if self.kind == "assert" and len(self.targets) != len(self.tests):
+      raise ValueError(f"TestSuite: {len(self.tests)} tests but {len(self.targets)} targets")
 
   @property
   def total(self) -> int:
@@ -80,14 +95,19 @@ class SuiteReport:
   Attributes:
     passed: number of tests passed.
     total: number of tests.
-    outcomes: per test: 'pass', 'wrong' or the run's status ('error', 'timeout', ...).
+    outcomes: per test: 'pass', 'wrong' (stdin / functional), 'fail' (assert), the run's status ('error',
+      'timeout', ...), or an infrastructure outcome ('sandbox_error', 'malformed', 'unsupported',
+      'harness_error').
     first_failure: a short description of the first failing test ('' if all passed).
+    infra: '' when every test's outcome is the solution's doing; else `kind: detail` of the first that is not
+      (kind: 'sandbox', 'harness' or 'ground_truth'), and `passed` means nothing.
   """
 
   passed: int
   total: int
   outcomes: tuple[str, ...]
   first_failure: str = ""
+  infra: str = ""
 
   @property
   def all_passed(self) -> bool:
@@ -113,21 +133,6 @@ def _functional_args(value: Any) -> list:
   if isinstance(value, (list, tuple)):
     return list(value)
   return [value]
-
-
-def _split_check(test: str) -> list[str]:
-  """Splits `def check(candidate):` + one-line asserts into one test per assert (the recipe's partial credit)."""
-  lines = [line for line in test.split("\n") if line.strip()]
-  if len(lines) < 3 or not lines[0].startswith("def check(") or not all(
-      line.strip().startswith("assert") for line in lines[1:]):
-    return [test]
-  parts = [lines[0] + "\n" + line for line in lines[1:]]
-  try:
-    for p in parts:
-      ast.parse(p)
-  except SyntaxError:
-    return [test]
-  return parts
 
 
 def parse_suite(ground_truth: Any) -> TestSuite:
@@ -171,15 +176,21 @@ def parse_suite(ground_truth: Any) -> TestSuite:
                      import_prefix=prefix)
   test = gt.get("test_code", gt.get("test"))
   if isinstance(test, str) and test.strip():
-    tests = _split_check(test)
-  elif isinstance(test, list) and test and all(isinstance(t, str) for t in test):
-    tests = list(test)
+    codes = [test]
+  elif isinstance(test, list) and test and all(isinstance(t, str) and t.strip() for t in test):
+    codes = list(test)
   else:
     raise ValueError(f"code ground truth has neither inputs/outputs nor test code (keys: {sorted(gt)[:10]})")
   entry = gt.get("entry_point") or ""
   if entry and not str(entry).isidentifier():
     raise ValueError(f"code ground truth: entry_point must be an identifier, got {entry!r}")
-  return TestSuite("assert", tests=tuple(tests), entry_point=str(entry), import_prefix=prefix)
+  try:
+    ast.parse(prefix)
+  except (SyntaxError, ValueError) as e:
+    raise ValueError(f"code ground truth: import_prefix does not parse: {e}") from None
+  pairs = [pair for code in codes for pair in assert_tests.split_tests(code, str(entry))]
+  return TestSuite("assert", tests=tuple(c for c, _ in pairs), targets=tuple(t for _, t in pairs),
+                   entry_point=str(entry), import_prefix=prefix)
 
 
 def _functional_program(solution: str, suite: TestSuite, args: list, nonce: str) -> str:
@@ -276,34 +287,42 @@ def run_suite(solution: str, suite: TestSuite, executor: Executor) -> SuiteRepor
   Returns:
     The `SuiteReport`. Never raises for anything the solution does.
   """
-  nonce = f"__agentrl_result_{secrets.token_hex(8)}__"
+  nonces: list[str] = []
   if suite.kind == "stdin":
     codes = [suite.import_prefix + solution] * suite.total
     stdins = list(suite.inputs)
   elif suite.kind == "functional":
+    nonce = f"__agentrl_result_{secrets.token_hex(8)}__"
     codes = [_functional_program(solution, suite, list(args), nonce) for args in suite.inputs]
     stdins = [""] * suite.total
   else:
-    call = f"\n\ncheck({suite.entry_point})\n" if suite.entry_point else "\n"
-    codes = [f"{suite.import_prefix}{solution}\n\n{test}{call}" for test in suite.tests]
-    stdins = [""] * suite.total
+    runs = [assert_tests.program_for(solution, suite.import_prefix, code, target, suite.entry_point)
+            for code, target in zip(suite.tests, suite.targets)]
+    codes, stdins, nonces = [r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs]
   results = executor.run_batch(codes, stdins)
-  outcomes, first = [], ""
+  outcomes, first, infra = [], "", ""
   for i, r in enumerate(results):
-    if r.status != "ok":
+    detail = ""
+    if r.status == "sandbox_error":
+      outcome, detail = "sandbox_error", r.stderr.strip()[-300:]
+    elif suite.kind == "assert":
+      outcome, detail = assert_tests.verdict(r, nonces[i])
+    elif r.status != "ok":
       outcome = r.status
     elif suite.kind == "stdin":
       outcome = "pass" if stdout_matches(r.stdout, suite.outputs[i]) else "wrong"
-    elif suite.kind == "functional":
-      outcome = "pass" if _functional_ok(r, nonce, suite.outputs[i]) else "wrong"
     else:
-      outcome = "pass"
+      outcome = "pass" if _functional_ok(r, nonce, suite.outputs[i]) else "wrong"
     outcomes.append(outcome)
+    kind = "sandbox" if outcome == "sandbox_error" else assert_tests.INFRA_VERDICTS.get(outcome)
+    if kind and not infra:
+      infra = f"{kind}: test {i}: {outcome}: {detail}"[:500]
     if outcome != "pass" and not first:
-      detail = r.stderr.strip().splitlines()[-1:] if outcome != "wrong" else [f"got {r.stdout[-200:]!r}"]
-      first = f"test {i}: {outcome}" + (f": {detail[0][:300]}" if detail else "")
+      if not detail:
+        detail = (r.stderr.strip().splitlines()[-1:] or [""])[0] if outcome != "wrong" else f"got {r.stdout[-200:]!r}"
+      first = f"test {i}: {outcome}" + (f": {detail[:300]}" if detail else "")
   passed = sum(o == "pass" for o in outcomes)
-  return SuiteReport(passed, suite.total, tuple(outcomes), first)
+  return SuiteReport(passed, suite.total, tuple(outcomes), first, infra)
 
 
 def run_tests(solution: str, ground_truth: Any, executor: Executor) -> SuiteReport:

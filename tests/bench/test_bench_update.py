@@ -55,3 +55,20 @@ def test_bench_update_vs_tunix_subprocess():
   assert {"bench", "mfu", "tok_s", "tunix_tok_s"} <= set(out)
   assert out["tunix_tok_s"] > 0 and out["speedup"] > 0 and out["speedup_at_step_floor"] > 0
   assert out["loss_rel_diff"] < 1e-4 and abs(out["entropy"] - out["tunix_entropy"]) < 1e-4
+
+
+def test_attention_flops_count_what_the_kernel_computes():
+  from agentrl_jax.models.config import ModelConfig
+
+  cfg = ModelConfig.bench_58m()  # 8 layers x 8 heads x 64, blocked causal attention in blocks of 256
+  # Query blocks of 256 against the keys up to their end: 256 x (256 + 512 + 768 + 1024) = T (T + 256) / 2.
+  assert common.attention_pairs(cfg, 1024) == 256 * (256 + 512 + 768 + 1024) == 1024 * 1280 // 2
+  assert common.attention_pairs(cfg, 200) == 200 * 200          # one dense block below the block size
+  assert common.attention_pairs(cfg, 1024, "dense") == 1024 ** 2  # Tunix's kernel on a CPU: the whole square
+  assert common.attention_pairs(cfg, 4096, "splash") == 512 * 512 * 8 * 9 // 2
+  assert common.attention_pairs(cfg, 1000, "cudnn") == 1000 * 1001 / 2
+  full = common.train_flops_per_token(cfg, 1024, "dense")
+  assert common.train_flops_per_token(cfg, 1024) == pytest.approx(
+      full - 12 * 8 * 8 * 64 * (1024 - 655360 / 1024), rel=1e-12)
+  assert full / common.train_flops_per_token(cfg, 1024) == pytest.approx(1.0672, abs=1e-4)  # 6.7% over, before
+  assert "P = 655360 query-key pairs" in common.flops_convention(cfg, 1024)

@@ -144,3 +144,20 @@ def test_tfds_source_config_validates():
     builders.SourceConfig(path="x.parquet", schema="imagenet", data_dir="/tmp")
   with pytest.raises(ValueError, match="data_dir"):
     builders.SourceConfig(path="x.parquet", schema="rl", data_dir="")
+
+
+def test_unknown_data_source_is_refused_at_load_naming_file_and_row(tmp_path, source_file):
+  from agentrl_jax import rewards
+
+  rows = tfds_rows.rl_rows()
+  rows.insert(2, dict(rows[0], data_source="my_new_benchmark"))
+  path = source_file("rl", rows)
+  prepared = _prepare(tmp_path, path, "rl")
+  assert prepared.data_sources() == {"math_dapo": 0, "skywork_code": 1, "my_new_benchmark": 2, "orz_math": 3}
+  known = lambda source: rewards.kind_for(source)  # noqa: E731
+  with pytest.raises(ValueError, match=re.escape(path) + r": row 2: no reward for data_source 'my_new_benchmark'"):
+    builders.refuse_unknown_sources(prepared, known)
+  builders.refuse_unknown_sources(_prepare(tmp_path, source_file("rl", name="ok"), "rl"), known)
+  # A dataset built before the sources were recorded is scanned instead.
+  prepared.builder.info.metadata.pop("data_sources")
+  assert prepared.data_sources()["my_new_benchmark"] == 2

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import unicodedata
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 import numpy as np
 import pytest
 
@@ -68,6 +68,7 @@ def test_qwen3_adds_its_tool_response_and_think_tokens(qwen3):
 @given(st.text(alphabet=st.characters(codec="utf-8"), max_size=60))
 def test_encoding_equals_tiktoken_on_the_same_ranks(qwen3, tiktoken_encoding, text):
   text = text.replace("<|", "< |")  # special-token syntax is not plain text for either side
+  assume(not any(t in text for t in qwen3.get_added_vocab()))  # nor are Qwen3's added tokens (<think>, ...)
   assert qwen3.encode(text, add_special_tokens=False) == tiktoken_encoding.encode(unicodedata.normalize("NFC", text))
 
 

@@ -17,21 +17,27 @@ def _cases(rows, box=True):
 
 
 CLASSES: dict[str, list[tuple[str, str, bool]]] = {
-    # Unordered solution sets and lists: ',', ';', 'or', 'and', \text{ and }, \pm.
+    # Sets only when written as sets: braces, alternatives ('or') and \\pm answers are unordered; plain lists (',',
+    # ';', 'and', \\text{ and }) and tuples are ordered (hendrycks MATH's is_equiv tests agree; Math-Verify reads
+    # plain lists as sets).
     "sets and lists": _cases([
-        ("6 \\text{ and } 8", "6, 8", True), ("8, 6", "6, 8", True), ("3; 1; 2", "1, 2, 3", True),
+        ("6 \\text{ and } 8", "6, 8", True), ("8, 6", "6, 8", False), ("3; 1; 2", "1, 2, 3", False),
         ("2 \\text{ or } -3", "-3, 2", True), ("x = 2 \\text{ or } x = -3", "-3, 2", True),
-        ("x=-3 \\text{ or } x=2", "x = 2, x = -3", True), ("1, 2, and 4", "4, 2, 1", True),
+        ("x=-3 \\text{ or } x=2", "x = 2, x = -3", True), ("1, 2, and 4", "4, 2, 1", False),
         ("5, 7 \\text{ and } 11", "5, 7, 11", True), ("\\{4, -1\\}", "-1, 4", True), ("-1, 4", "\\{4,-1\\}", True),
-        ("(1, 2), (3, 4)", "(3, 4), (1, 2)", True), ("(0;1;2)", "(0, 1, 2)", True), ("\\pm 3", "3, -3", True),
-        ("1 \\pm \\sqrt{2}", "1 - \\sqrt{2}, 1 + \\sqrt{2}", True), ("\\frac{1}{2} \\text{ and } 2", "2, \\frac12", True),
+        ("(1, 2), (3, 4)", "(3, 4), (1, 2)", False), ("(0;1;2)", "(0, 1, 2)", True),
+        ("\\pm 3", "3, -3", True), ("6, 8", "6, 8", True), ("1; 2; 3", "1, 2, 3", True),
+        ("-2 \\text{ or } 1", "1, -2", True), ("\\{8, 6\\}", "\\{6, 8\\}", True),
+        ("1 \\pm \\sqrt{2}", "1 - \\sqrt{2}, 1 + \\sqrt{2}", True),
+        ("\\frac{1}{2} \\text{ and } 2", "2, \\frac12", False),
         ("2, 3", "2, 3, 5", False), ("6 \\text{ or } 8", "6", False), ("(2, 1), (3, 4)", "(1, 2), (3, 4)", False),
         ("\\pm 3", "3", False), ("\\{1, 2\\}", "(1, 2)", False), ("1, 2, 3", "1, 2, 4", False),
     ]),
     # Several boxes that together form the answer; a hedge across boxes is a list, not its last item.
     "several boxes": _cases([
         ("So the pairs are \\boxed{(2,2)} \\text{ and } \\boxed{(6,2)}.", "(2, 2), (6, 2)", True),
-        ("Hence \\boxed{-2}, \\boxed{1}.", "1, -2", True), ("$\\boxed{7}$ and $\\boxed{9}$", "7, 9", True),
+        ("Hence \\boxed{-2}, \\boxed{1}.", "-2, 1", True), ("Hence \\boxed{-2}, \\boxed{1}.", "1, -2", False),
+        ("$\\boxed{7}$ and $\\boxed{9}$", "7, 9", True),
         ("\\boxed{x = 1} \\quad \\text{and} \\quad \\boxed{x = 5}", "1, 5", True),
         ("First I got \\boxed{4}, but that was wrong. Redoing the sum gives \\boxed{5}.", "5", True),
         ("\\boxed{5}\n\n**Final Answer**\n\\boxed{5}", "5", True),
@@ -46,12 +52,13 @@ CLASSES: dict[str, list[tuple[str, str, bool]]] = {
         ("\\frac{AP}{PB} = \\frac{2}{3}", "\\frac{2}{3}", True), ("x \\approx 2.5", "2.5", True),
         ("11a + c", "7 = 11a + c", False), ("1", "2x + y = 1", False), ("0", "a + 3z = 0", False),
         ("x = 3 = 4", "3", False), ("(p, q) = (2, 3)", "(3, 2)", False),
+        ("a_{37} = 19, a_3 = 2", "a_3 = 2, a_{37} = 19", True), ("a_{37} = 2, a_3 = 19", "a_3 = 2, a_{37} = 19", False),
     ]),
     # Intervals, inequalities (flipped, negated, as intervals) and equations equal after rearranging or scaling.
     "relations and intervals": _cases([
         ("x \\in [1, 5]", "[1, 5]", True), ("[1, 5]", "x \\in [1,5]", True), ("(-3, 10)", "-3 < a < 10", True),
-        ("-3 < x < 10", "(-3, 10)", True), ("[2, \\infty)", "x \\geq 2", True), ("x > 2", "(2, \\infty)", True),
-        ("5 \\geq x", "x \\leq 5", True), ("x \\le 5", "(-\\infty, 5]", True), ("-x > -1", "x < 1", True),
+        ("-3 < x < 10", "(-3, 10)", False), ("[2, \\infty)", "x \\geq 2", True), ("x > 2", "(2, \\infty)", False),
+        ("5 \\geq x", "x \\leq 5", True), ("x \\le 5", "(-\\infty, 5]", False), ("-x > -1", "x < 1", True),
         ("2y = 4x + 6", "y = 2x + 3", True), ("3x + 6y = 9", "x + 2y - 3 = 0", True),
         ("-34x - 45y + 20z = 100", "34x + 45y - 20z + 100 = 0", True), ("10 > x > 2", "2 < x < 10", True),
         ("(-\\infty, 1) \\cup (2, \\infty)", "(2, \\infty) \\cup (-\\infty, 1)", True),
@@ -88,6 +95,17 @@ CLASSES: dict[str, list[tuple[str, str, bool]]] = {
         ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 5 \\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}", False),
         ("\\begin{pmatrix}1 & 2\\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}", False),
         ("\\begin{pmatrix} 2 \\\\ 1 \\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}", False),
+    ]),
+    # Near numbers and chains: an integer answer is exact, a decimal is a rounding only within its last place and
+    # six significant digits, irrationals beyond float noise are other numbers, a chain states nothing unless
+    # every member is equal.
+    "near numbers and chains": _cases([
+        ("999999.5", "1000000", False), ("33.00001", "33", False), ("3 = 5 = 7", "7", False),
+        ("x = 5 = 7", "7", False), ("1000000.4", "1000000.5", False), ("0.9999999", "1", False),
+        ("1", "0.9999999", False), ("\\frac{355}{452}", "\\frac{\\pi}{4}", False), ("0.67", "\\frac{2}{3}", False),
+        ("33.0", "33", True), ("2.50", "\\frac52", True), ("\\sqrt{2}^2", "2", True), ("e^{\\ln 7}", "7", True),
+        ("\\frac{1}{3}", "0.3333333", True), ("x = 3 + 4 = 7", "7", True), ("1 000", "1000", True),
+        ("1.22", "1,22", True), ("0.111", "0,111", True),
     ]),
     # False accepts to close: joined numbers and lists read as one number; legitimate readings stay accepted.
     "false accepts": _cases([

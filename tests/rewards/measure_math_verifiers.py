@@ -4,11 +4,17 @@
   python -m tests.rewards.measure_math_verifiers --math-verify           # ... and Math-Verify, where installed
   python -m tests.rewards.measure_math_verifiers --suite DIR             # ... and Math-Verify's own test cases
                                                                          #     (DIR: its checkout's tests/)
+  python -m tests.rewards.measure_math_verifiers --hendrycks FILE        # ... and hendrycks MATH's is_equiv tests
+                                                                         #     (FILE: modeling/math_equivalence_test.py)
 
 Math-Verify's cases are (gold, prediction) strings for free-text extraction; as a boxed-answer reward needs, the
-gold loses its math delimiters (several boxes in it are joined) and an unboxed prediction is boxed whole.
+gold loses its math delimiters (several boxes in it are joined) and an unboxed prediction is boxed whole. Rows
+that set a non-default Math-Verify option (`strict=False`, `allow_set_relation_comp=True`, another `precision`)
+label another configuration and are left out.
 "Final-answer" cases are those whose prediction is boxed or one math expression (no prose to extract from).
-Prints one JSON line.
+Qwen2.5-Math's grader ships its hard cases as examples without labels (evaluation/grader.py, `_test_math_equal`);
+`QWEN25_MATH_EXAMPLES` holds them with the label of their mathematical truth. Each suite reports its agreement and
+its false accepts (cases labelled not equivalent that the checker accepts). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -50,6 +56,21 @@ def _strip_math(s: str) -> str:
     if s.startswith(a) and s.endswith(b) and len(s) >= len(a) + len(b) and not (a == "$" and "$" in s[1:-1]):
       return s[len(a):len(s) - len(b)].strip()
   return s
+
+
+# (prediction, ground truth, equivalent): the examples in Qwen2.5-Math's evaluation/grader.py `_test_math_equal`.
+QWEN25_MATH_EXAMPLES = [
+    ("0.0833333333333333", "\\frac{1}{12}", True), ("(1,4.5)", "(1,\\frac{9}{2})", True),
+    ("\\frac{x}{7}+\\frac{2}{7}", "\\frac{x+2}{7}", True), ("\\sec^2(y)", "\\tan^2(y)+1", True),
+    ("\\begin{pmatrix}-\\frac{7}{4}&-2\\\\4&\\frac{1}{4}\\end{pmatrix}",
+     "(\\begin{pmatrix}-\\frac{7}{4}&-2\\\\4&\\frac{1}{4}\\\\\\end{pmatrix})", True),
+    ("-34x-45y+20z-100=0", "34x+45y-20z+100=0", True),
+    ("\\frac{\\sqrt{\\sqrt{11}+\\sqrt{194}}}{2\\sqrt{33}+15}",
+     "\\frac{\\sqrt{\\sqrt{11}+\\sqrt{194}}}{15+2\\sqrt{33}}", True),
+    ("(+5)(b+2)", "(a+5)(b+2)", False), ("\\frac{1+\\sqrt{5}}{2}", "2", False),
+    ("\\frac{34}{16}+\\frac{\\sqrt{1358}}{16}", "4", False), ("1", "1\\\\sqrt{19}", False), ("x+1", "x+2n+1", False),
+]
+_NON_DEFAULT = {"strict": False, "allow_set_relation_comp": True}
 
 
 def _as_reward_case(gold: str, pred: str) -> tuple[str, str]:
@@ -94,17 +115,57 @@ def suite_cases(tests_dir: str) -> list[tuple[str, str, str, bool]]:
             row = dict(zip(names, ast.literal_eval(elt)))
           except ValueError:
             continue
-          out.append((fn.name, row["gold"], row["pred"], bool(int(row.get("expected", row.get("result"))))))
+          label = row.get("expected", row.get("result"))
+          if not isinstance(label, (bool, int)) or any(row.get(k) == v for k, v in _NON_DEFAULT.items()) \
+              or row.get("precision", 6) != 6:
+            continue
+          out.append((fn.name, row["gold"], row["pred"], bool(int(label))))
+  return out
+
+
+def hendrycks_cases(path: str) -> list[tuple[str, str, str, bool]]:
+  """(test name, prediction, ground truth, expected) of hendrycks MATH's `is_equiv` unit tests, read with `ast`."""
+  out = []
+  for fn in ast.walk(ast.parse(pathlib.Path(path).read_text())):
+    if not isinstance(fn, ast.FunctionDef):
+      continue
+    values, label = {}, None
+    for node in ast.walk(fn):
+      if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+        try:
+          values[node.targets[0].id] = ast.literal_eval(node.value)
+        except ValueError:
+          pass
+      if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("assertTrue", "assertFalse"):
+        label = node.func.attr == "assertTrue"
+    if label is not None and {"test_in", "test_out"} <= set(values):
+      out.append((fn.name, values["test_in"], values["test_out"], label))
   return out
 
 
 def agreement(check, cases) -> dict[str, str]:
   per = collections.defaultdict(lambda: [0, 0])
+  false_accepts = 0
   for cls, response, truth, expected in cases:
-    per[cls][0] += check(response, truth) == expected
+    got = check(response, truth)
+    per[cls][0] += got == expected
     per[cls][1] += 1
+    false_accepts += got and not expected
   total = [sum(v[0] for v in per.values()), sum(v[1] for v in per.values())]
-  return {**{k: f"{a}/{n}" for k, (a, n) in per.items()}, "total": f"{total[0]}/{total[1]}"}
+  return {**{k: f"{a}/{n}" for k, (a, n) in per.items()}, "total": f"{total[0]}/{total[1]}",
+          "false_accepts": false_accepts}
+
+
+def worst_time_per_call(check, cases) -> dict[str, float]:
+  """The slowest call over `cases` (the hardest answers, not only integers), microseconds."""
+  worst, which = 0.0, ""
+  for _, response, truth, _ in cases:
+    start = time.perf_counter()
+    check(response, truth)
+    t = time.perf_counter() - start
+    if t > worst:
+      worst, which = t, truth
+  return {"max_us": round(worst * 1e6, 1), "slowest_truth": which[:60]}
 
 
 def time_per_call(check, n: int = 2000) -> dict[str, float]:
@@ -122,6 +183,7 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--math-verify", action="store_true")
   parser.add_argument("--suite", default="")
+  parser.add_argument("--hendrycks", default="")
   args = parser.parse_args()
   own = [(cls, *case) for cls, cases in CLASSES.items() for case in cases]
   checkers = {"ours": ours}
@@ -132,14 +194,24 @@ def main():
     else:
       checkers["math_verify"] = mv
   out = {}
+  qwen = [("qwen2.5-math", "\\boxed{" + p + "}", t, e) for p, t, e in QWEN25_MATH_EXAMPLES]
   for name, check in checkers.items():
-    out[name] = {"own_cases": agreement(check, own), "integer_answers": time_per_call(check, 500)}
+    everything = own + qwen
+    out[name] = {"own_cases": agreement(check, own), "qwen25_math_examples": agreement(check, qwen),
+                 "integer_answers": time_per_call(check, 500)}
+    if args.hendrycks:
+      hendrycks = [(test, "\\boxed{" + p + "}", t, e) for test, p, t, e in hendrycks_cases(args.hendrycks)]
+      everything += hendrycks
+      out[name]["hendrycks_math_tests"] = {k: v for k, v in agreement(check, hendrycks).items() if not
+                                           k.startswith("test_")}
     if args.suite:
       cases = suite_cases(args.suite)
       rows = [(test, *_as_reward_case(gold, pred), expected) for test, gold, pred, expected in cases]
       final = [r for r, (_, gold, pred, _) in zip(rows, cases) if _final_answer_case(gold, pred)]
-      out[name]["suite_all"] = agreement(check, rows)["total"]
-      out[name]["suite_final_answer"] = agreement(check, final)["total"]
+      everything += rows
+      for key, part in (("suite_all", rows), ("suite_final_answer", final)):
+        out[name][key] = {k: v for k, v in agreement(check, part).items() if k in ("total", "false_accepts")}
+    out[name]["worst_call"] = worst_time_per_call(check, everything)
   print(json.dumps(out))
 
 

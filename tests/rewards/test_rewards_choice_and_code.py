@@ -20,6 +20,9 @@ PROPERTY = hypothesis.settings(max_examples=300, deadline=None, derandomize=True
     ("\\mathrm{A}", "A"), ("\\text{\\textbf{C}}", "C"), ("B: 42 J", "B"), ("(A) 3.2 eV", "A"), ("Option C", "C"),
     ("answer: D", "D"), ("b", "B"), ("$C$", "C"),
     ("42", None), ("AB", None), ("a + b", None), ("x = 2", None), ("", None), ("\\frac{1}{2}", None),
+    # Exactly one option letter: naming a second one is no answer.
+    ("B and C", None), ("(B) or (C)", None), ("B C D", None), ("B, C", None), ("B/C", None), ("b and c", None),
+    ("\\text{B or C}", None), ("C. 5 A", "C"), ("B and B", "B"),
 ])
 def test_choice_letter(boxed, letter):
   assert multiple_choice.choice_letter(boxed) == letter
@@ -32,8 +35,11 @@ def test_multiple_choice_score():
   assert (r.score, r.acc, r.pred) == (-1.0, False, "C")
   assert multiple_choice.score("I pick B", "B").score == -1.0           # the letter must be boxed
   assert multiple_choice.score("\\boxed{42}", "B").info.startswith("boxed answer")
+  assert not multiple_choice.score("\\boxed{B} or \\boxed{C}", "B").acc  # boxes answering together: a hedge
+  assert multiple_choice.score("First \\boxed{C}. On reflection the answer is \\boxed{B}", "B").acc
   bad = multiple_choice.score("\\boxed{B}", "forty-two")
   assert bad.score == 0.0 and "not an option letter" in bad.info         # a data error, not the model's
+  assert bad.failure == "ground_truth"
 
 
 @PROPERTY

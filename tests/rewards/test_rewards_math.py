@@ -108,6 +108,32 @@ def test_strict_mode_is_the_recipe_exact_compare():
   assert math_reward.score(boxed("\\frac{1}{2}"), "0.5", mode="equiv").acc
   with pytest.raises(ValueError, match="mode"):
     math_reward.score("x", "1", mode="fuzzy")
+  # Near numbers and chains: neither mode takes them.
+  for pred, truth in (("999999.5", "1000000"), ("33.00001", "33"), ("3 = 5 = 7", "7")):
+    for mode in ("strict", "equiv"):
+      assert not math_reward.score(boxed(pred), truth, mode=mode).acc, (pred, mode)
+
+
+def test_strict_mode_matches_the_reference_implementation():
+  """The reference's own functions (verl math_dapo.py, lines 20-62, 193-217, 260), restated, on hostile windows."""
+
+  def reference(solution: str, gt: str) -> bool:
+    pred = solution[-300:][-100:]
+    idx = pred.rfind("\\boxed{")
+    if idx < 0:
+      return False
+    depth = 0
+    for i in range(idx, len(pred)):
+      depth += (pred[i] == "{") - (pred[i] == "}")
+      if pred[i] == "}" and depth == 0:
+        return pred[idx + len("\\boxed{"):i] == gt
+    return False
+
+  cases = [("x" * 500 + "\\boxed{7}", "7"), ("\\boxed{7}" + "y" * 95, "7"), ("\\boxed{7}" + "y" * 90, "7"),
+           ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"), ("\\boxed{ 7}", "7"), ("\\boxed{7} \\boxed{8}", "7"),
+           ("\\boxed{{7}", "{7"), ("\\boxed{7", "7"), ("\\boxed{\\{1\\}}", "\\{1\\}"), ("\\fbox{7}", "7")]
+  for text, gt in cases:
+    assert math_reward.score(text, gt, mode="strict").acc == reference(text, gt), text
 
 
 def test_strict_mode_reads_the_reference_window():

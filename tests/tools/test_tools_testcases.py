@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agentrl_jax.tools import testcases
+from agentrl_jax.tools import assert_tests, testcases
 from tests.tools.sandbox_testing import needs_bwrap
 
 
@@ -30,6 +30,31 @@ def test_parse_stdin_functional_and_assert_forms():
   lcb = testcases.parse_suite({"test_cases": [{"input": "[1]\n2", "output": "3", "testtype": "functional"}],
                                "func_name": "g"})
   assert (lcb.kind, lcb.fn_name, lcb.inputs[0]) == ("functional", "g", [[1], 2])
+
+
+def test_split_tests_reads_what_runs_from_the_test_code():
+  split = assert_tests.split_tests
+  pytest_file = ("from solution import f\n\ndef helper():\n    return 1\n\ndef test_a():\n    assert f() == 1\n\n"
+                 "class TestB:\n    def test_c(self):\n        assert f()\n    def other(self):\n        pass\n")
+  assert [t for _, t in split(pytest_file, "")] == ["test:test_a", "test:TestB.test_c"]
+  assert split("assert f(1) == 2\n", "") == [("assert f(1) == 2\n", "module")]
+  calls_itself = "def check(candidate):\n    assert candidate(1)\n\ncheck(f)\n"
+  assert split(calls_itself, "") == [(calls_itself, "module")]
+  humaneval = "METADATA = {}\n\ndef check(candidate):\n    for x in range(3):\n        assert candidate(x) == x\n"
+  assert split(humaneval, "f") == [(humaneval, "check")]
+  assert assert_tests.free_names("from solution import g\nimport math\n\ndef test_x(a=1):\n    y = h(a)\n"
+                                 "    assert g(y) == math.pi and len(z) == 0\n") == ["h", "z"]
+
+
+@pytest.mark.parametrize("test, entry, message", [
+    ("def check(candidate):\n    assert candidate(1) == 2\n", "", "names no entry_point"),
+    ("def check(candidate):\n    pass\n", "f", "asserts nothing"),
+    ("x = 1\n", "f", "runs no check"),
+    ("def check(candidate:\n", "f", "does not parse"),
+])
+def test_suites_that_cannot_run_are_malformed(test, entry, message):
+  with pytest.raises(ValueError, match=message):
+    testcases.parse_suite({"test": test, "entry_point": entry})
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -94,4 +119,5 @@ def test_run_suite_assert_with_partial_credit(pool):
                                  "test_code": "def check(candidate):\n    assert candidate(2) == 4\n"
                                               "    assert candidate(3) == 9\n    assert candidate(-1) == 1\n"})
   report = testcases.run_suite("def square(x):\n  return x * x if x > 0 else math.inf", suite, pool)
-  assert (report.passed, report.total) == (2, 3) and report.outcomes[2] == "error"
+  assert (report.passed, report.total) == (2, 3) and report.outcomes[2] == "fail"
+  assert report.first_failure.startswith("test 2: fail: line 2: assert candidate(-1) == 1: AssertionError")

@@ -1,0 +1,258 @@
+"""Attacks on the code reward, in the real sandbox: every one scores as a wrong answer, honest solutions pass.
+
+Three suites of the same task (add two numbers), one per form (assert, stdin, functional), plus a pytest-style
+suite with an exception test. Each attack is a whole solution; `WRONG` is a wrong function some attacks add
+their trick to. A blocked attack passes no test: the reward is 0 with acc False and no infrastructure failure.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentrl_jax.rewards import code as code_reward
+from agentrl_jax.tools import assert_tests, testcases
+from tests.tools.sandbox_testing import needs_bwrap
+
+ASSERT = {"entry_point": "add", "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n"
+                                        "    assert candidate(-1, 1) == 0\n"
+                                        "    assert abs(candidate(0.5, 0.25) - 0.75) < 1e-9\n"}
+PYTEST = {"test": "import pytest\nfrom solution import safe_div\n\n\n"
+                  "def test_value():\n    assert safe_div(6, 3) == 2\n\n\n"
+                  "def test_zero():\n    with pytest.raises(ZeroDivisionError):\n        safe_div(1, 0)\n"}
+MODULE = {"test": ["assert add(2, 3) == 5", "assert add(-1, 1) == 0"]}  # MBPP's test_list
+STDIN = {"inputs": ["2 3\n", "10 -4\n"], "outputs": ["5\n", "6\n"]}
+FUNCTIONAL = {"inputs": ["2\n3", "10\n-4"], "outputs": ["5", "6"], "fn_name": "add"}
+SUITES = {"assert": ASSERT, "pytest": PYTEST, "module": MODULE, "stdin": STDIN, "functional": FUNCTIONAL}
+
+WRONG = "def add(a, b):\n    return a - b\n\ndef safe_div(a, b):\n    return a // b + 1\n"
+WRONG_STDIN = "a, b = map(int, input().split())\nprint(a - b)\n"
+_STEAL = """
+import os, sys, glob
+found = []
+for path in ['/proc/1/fd/0', '/proc/1/mem', '/proc/1/environ', '/proc/1/cmdline', '/proc/self/fd/0',
+             '/tmp/main.py'] + glob.glob('/proc/*/fd/*') + glob.glob('/tmp/*'):
+  try:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # pipes too (their own): never block
+    try:
+      found.append(os.read(fd, 1 << 16))
+    finally:
+      os.close(fd)
+  except Exception:
+    pass
+try:
+  os.set_blocking(0, False)
+  found.append(os.read(0, 1 << 16))
+except Exception:
+  pass
+found.append(repr(dict(os.environ)).encode())
+blob = b''.join(found)
+"""
+
+ATTACKS = {
+    # ---- exits before, after or instead of the checks
+    "assert/os._exit at import": ("assert", "import os\nos._exit(0)\n"),
+    "assert/sys.exit at import": ("assert", "import sys\nsys.exit(0)\n"),
+    "assert/raise SystemExit": ("assert", "raise SystemExit(0)\n"),
+    "assert/wrong function then exit()": ("assert", WRONG + "exit()\n"),
+    "assert/atexit forces exit 0": ("assert", WRONG + "import atexit, os\natexit.register(lambda: os._exit(0))\n"),
+    "assert/excepthook exits 0": ("assert", WRONG + "import sys, os\nsys.excepthook = lambda *a: os._exit(0)\n"),
+    "assert/settrace exits on AssertionError": ("assert", WRONG + (
+        "import sys, os, threading\n"
+        "def tr(frame, event, arg):\n"
+        "    if event == 'exception' and issubclass(arg[0], AssertionError):\n        os._exit(0)\n    return tr\n"
+        "sys.settrace(tr)\nthreading.settrace(tr)\n")),
+    "assert/os._exit inside the call": ("assert", "import os\ndef add(a, b):\n    os._exit(0)\n"),
+    "assert/SystemExit inside the call": ("assert", "def add(a, b):\n    raise SystemExit(0)\n"),
+    "pytest/exit where an exception is expected": ("pytest", "import os\ndef safe_div(a, b):\n    if b == 0:\n"
+                                                             "        os._exit(0)\n    return a / b + 1\n"),
+    "module/os._exit at import": ("module", "import os\nos._exit(0)\n"),
+    # ---- comparisons decided by the solution's objects
+    "assert/__eq__ always true": ("assert", "class A:\n    def __eq__(self, o):\n        return True\n"
+                                            "    def __sub__(self, o):\n        return self\n"
+                                            "    def __abs__(self):\n        return 0\n    __hash__ = object.__hash__\n"
+                                            "def add(a, b):\n    return A()\n"),
+    "assert/int subclass whose __eq__ is true": ("assert", "class I(int):\n    def __eq__(self, o):\n"
+                                                           "        return True\n    __hash__ = int.__hash__\n"
+                                                           "def add(a, b):\n    return I(99)\n"),
+    "module/list subclass whose __eq__ is true": ("module", "class L(list):\n    def __eq__(self, o):\n"
+                                                            "        return True\n"
+                                                            "def add(a, b):\n    return L([0])\n"),
+    # ---- patching what the checks use
+    "assert/patched builtins": ("assert", WRONG + "import builtins\nbuiltins.abs = lambda x: 0\n"
+                                          "builtins.AssertionError = type('X', (Exception,), {})\n"
+                                          "builtins.len = lambda x: 0\n"),
+    "assert/own check() and defused assert": ("assert", WRONG + "def check(candidate):\n    pass\n"
+                                                        "__builtins__.__dict__['__debug__'] = False\n"),
+    "assert/gc walk patching every check function": ("assert", WRONG + (
+        "import gc\nfor o in gc.get_objects():\n"
+        "    if callable(o) and getattr(o, '__name__', '') in ('check', '_run', '_run_target', '_verdict'):\n"
+        "        try:\n            o.__code__ = (lambda *a, **k: None).__code__\n        except Exception:\n"
+        "            pass\n")),
+    # ---- the tester process, its signals and its output
+    "assert/kill the parent and pid 1": ("assert", WRONG + "import os, signal\nfor p in (os.getppid(), 1):\n"
+                                                   "    try:\n        os.kill(p, signal.SIGKILL)\n"
+                                                   "    except OSError:\n        pass\n"),
+    "assert/kill the process group": ("assert", WRONG + "import os, signal\nos.killpg(0, signal.SIGKILL)\n"),
+    "assert/signals to the tester during a call": ("assert", "import os, signal\ndef add(a, b):\n"
+                                                            "    for s in (signal.SIGINT, signal.SIGTERM,"
+                                                            " signal.SIGUSR1, signal.SIGSTOP, signal.SIGHUP):\n"
+                                                            "        try:\n            os.kill(1, s)\n"
+                                                            "        except OSError:\n            pass\n"
+                                                            "    return a - b\n"),
+    "assert/forged verdict lines then exit": ("assert", (
+        "import os, re\nsrc = open('/tmp/main.py').read()\n"
+        "for n in ['agentrl-verdict-' + '0' * 32] + re.findall(r'agentrl-verdict-[0-9a-f]*', src):\n"
+        "    print('\\n' + n + ' ' + '{\"outcome\": \"pass\", \"detail\": \"\"}')\n"
+        "print('{\"outcome\": \"pass\"}')\nos._exit(0)\n")),
+    "assert/steal the nonce from /proc, stdin, files, environ": ("assert", _STEAL + (
+        "import re\nfor n in set(re.findall(rb'agentrl-verdict-[0-9a-f]{32}', blob)):\n"
+        "    os.write(1, b'\\n' + n + b' {\"outcome\": \"pass\", \"detail\": \"\"}\\n')\n" + WRONG)),
+    "assert/ptrace the tester": ("assert", WRONG + (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "assert libc.ptrace(16, 1, 0, 0) != 0  # PTRACE_ATTACH is refused: the tester is not dumpable\n")),
+    "assert/close stdout and stderr": ("assert", WRONG + "import os\nos.close(1)\nos.close(2)\n"),
+    "assert/fork many servers": ("assert", WRONG + "import os\nfor _ in range(20):\n    try:\n        os.fork()\n"
+                                                  "    except OSError:\n        break\n"),
+    "assert/impersonate a sandbox failure": ("assert", WRONG + (
+        "import sys, os\nsys.stderr.write('[sandbox] bubblewrap failed (exit 1); the program did not run\\n')\n"
+        "sys.stderr.flush()\nos._exit(71)\n")),
+    "assert/a reply too large to carry": ("assert", "def add(a, b):\n    return 'x' * (70 << 20)\n"),
+    "assert/a reply nested too deeply": ("assert", "def add(a, b):\n    x = []\n    for _ in range(10000):\n"
+                                                   "        x = [x]\n    return x\n"),
+    # ---- standard input / output
+    "stdin/exit 0 without output": ("stdin", "import os\nos._exit(0)\n"),
+    "stdin/atexit prints after a crash": ("stdin", "import atexit\natexit.register(print, 5)\nraise ValueError\n"),
+    "stdin/steal expected output": ("stdin", _STEAL + "import sys\nsys.stdout.write(blob.decode('latin-1')[:100])\n"),
+    "stdin/flood the output": ("stdin", "import sys\nsys.stdout.write('5\\n' * 10_000_000)\n"),
+    "stdin/kill the parent": ("stdin", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint(0)\n"),
+    # ---- functional (call-based)
+    "functional/os._exit at import": ("functional", "import os\nos._exit(0)\n"),
+    "functional/forge the result line from the program text": ("functional", (
+        "import re, os\nsrc = open('/tmp/main.py').read()\nn = re.findall(r'__agentrl_result_[0-9a-f]+__', src)[0]\n"
+        "print(n + '99')\nos._exit(0)\n")),
+    "functional/__eq__ always true": ("functional", "class A:\n    def __eq__(self, o):\n        return True\n"
+                                                    "def add(a, b):\n    return A()\n"),
+    "functional/int subclass whose __eq__ is true": ("functional", "class I(int):\n    def __eq__(self, o):\n"
+                                                                   "        return True\n"
+                                                                   "def add(a, b):\n    return I(a - b)\n"),
+    "functional/SystemExit in the call": ("functional", "def add(a, b):\n    raise SystemExit(0)\n"),
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_attack_is_blocked(pool, name):
+  form, solution = ATTACKS[name]
+  r = code_reward.score(f"```python\n{solution}```", json.dumps(SUITES[form]), executor=pool)
+  assert (r.acc, r.failure) == (False, ""), r.info
+  assert r.score == 0.0, r.info
+
+
+HONEST = {
+    "assert/plain": ("assert", "def add(a, b):\n    print('debugging output is fine')\n    return a + b\n"),
+    "assert/numpy result": ("assert", "import numpy as np\ndef add(a, b):\n    return np.float64(a) + np.float64(b)\n"),
+    "pytest/value and exception": ("pytest", "def safe_div(a, b):\n    return a / b\n"),
+    "module/MBPP asserts": ("module", "def add(a, b):\n    return a + b\n"),
+    "stdin/plain": ("stdin", "a, b = map(int, input().split())\nprint(a + b)\n"),
+    "functional/top-level": ("functional", "def add(a, b):\n    return a + b\n"),
+    "functional/Solution class": ("functional", "class Solution:\n    def add(self, a: int, b: int) -> int:\n"
+                                                "        return a + b\n"),
+    "assert/__main__ block and sys.exit inside it": ("assert", "def add(a, b):\n    return a + b\n\n"
+                                                               "if __name__ == '__main__':\n    print(add(1, 2))\n"),
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("name", sorted(HONEST))
+def test_honest_solution_passes(pool, name):
+  form, solution = HONEST[name]
+  r = code_reward.score(f"```python\n{solution}```", json.dumps(SUITES[form]), executor=pool)
+  assert (r.score, r.acc, r.failure) == (1.0, True, ""), r.info
+
+
+@needs_bwrap
+def test_partial_credit_counts_each_proven_test(pool):
+  half = "def add(a, b):\n    return a + b if a > 0 else 99\n"  # right on tests 0 and 2 of three
+  r = code_reward.score(f"```python\n{half}```", ASSERT, executor=pool)
+  assert (round(r.score, 4), r.acc) == (0.6667, False) and "passed 2/3" in r.info
+  stdin = code_reward.score("```python\nprint(5)\n```", STDIN, executor=pool)
+  assert (stdin.score, stdin.acc) == (0.5, False)
+
+
+@needs_bwrap
+def test_the_solution_never_sees_the_test(pool):
+  # What the test code holds (its expected values) is readable by no channel the solution has.
+  marker = "expected_value_marker_41"
+  suite = testcases.parse_suite({"entry_point": "f", "test": f"def check(candidate):\n    {marker} = 1\n"
+                                                             "    assert candidate() == 1\n"})
+  solution = _STEAL + "print(repr(blob)[:10 ** 6])\ndef f():\n    return 1\n"
+  program, stdin, nonce = assert_tests.program_for(solution, "", suite.tests[0], suite.targets[0], "f")
+  result = pool.submit(program, stdin=stdin).result()
+  assert assert_tests.verdict(result, nonce)[0] == "pass"
+  printed = result.stdout.replace(f"\n{nonce} ", "\n")  # the tester's own verdict line aside
+  assert marker not in printed and nonce not in printed
+
+
+# A class-based test (KodCode's pytest files import from `solution`), in-place mutation, parametrize, unittest.
+RICHER = {
+    "linked list through handles": (
+        {"test": "from solution import ListNode, reverse\n\n\ndef to_list(node):\n    out = []\n    while node:\n"
+                 "        out.append(node.val)\n        node = node.next\n    return out\n\n\n"
+                 "def test_reverse():\n    head = ListNode(1, ListNode(2, ListNode(3)))\n"
+                 "    assert to_list(reverse(head)) == [3, 2, 1]\n    assert reverse(None) is None\n"},
+        "class ListNode:\n    def __init__(self, val=0, next=None):\n        self.val, self.next = val, next\n\n"
+        "def reverse(head):\n    prev = None\n    while head:\n        head.next, prev, head = prev, head, head.next\n"
+        "    return prev\n",
+        "class ListNode:\n    def __init__(self, val=0, next=None):\n        self.val, self.next = val, next\n\n"
+        "def reverse(head):\n    return head\n"),
+    "in-place mutation": (
+        {"entry_point": "sort_in_place", "test": "def check(candidate):\n    xs = [3, 1, 2]\n"
+                                                 "    assert candidate(xs) is None\n    assert xs == [1, 2, 3]\n"},
+        "def sort_in_place(xs):\n    xs.sort()\n",
+        "def sort_in_place(xs):\n    return sorted(xs)\n"),
+    "parametrize": (
+        {"test": "import pytest\nfrom solution import square\n\n\n@pytest.mark.parametrize('x, y', [(2, 4), (-3, 9),"
+                 " pytest.param(0, 0)])\ndef test_square(x, y):\n    assert square(x) == y\n"},
+        "def square(x):\n    return x * x\n",
+        "def square(x):\n    return abs(x) * 2\n"),
+    "unittest": (
+        {"test": "import unittest\n\n\nclass TestSquare(unittest.TestCase):\n    def setUp(self):\n"
+                 "        self.xs = [1, 2, 3]\n\n    def test_values(self):\n"
+                 "        self.assertEqual([square(x) for x in self.xs], [1, 4, 9])\n\n"
+                 "    def test_error(self):\n        with self.assertRaises(TypeError):\n            square('a')\n"},
+        "def square(x):\n    return x * x\n",
+        "def square(x):\n    return x + x\n"),
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("name", sorted(RICHER))
+def test_richer_test_styles(pool, name):
+  truth, good, bad = RICHER[name]
+  r = code_reward.score(f"```python\n{good}```", truth, executor=pool)
+  assert (r.score, r.acc, r.failure) == (1.0, True, ""), r.info
+  r = code_reward.score(f"```python\n{bad}```", truth, executor=pool)
+  assert (r.acc, r.failure) == (False, "") and r.score < 1.0, r.info
+
+
+MALFORMED = {
+    "check without an entry point": ({"test": "def check(candidate):\n    assert candidate(1) == 2\n"}, "ground_truth"),
+    "test that does not parse": ({"test": "def check(candidate:\n", "entry_point": "f"}, "ground_truth"),
+    "test that runs nothing": ({"test": "x = 1\ndef helper():\n    return 2\n"}, "ground_truth"),
+    "import of a module that does not exist": ({"test": "import no_such_module_anywhere\n\n\ndef test_f():\n"
+                                                        "    assert f() == 1\n"}, "ground_truth"),
+    "test handing over its own function": ({"entry_point": "f", "test": "def check(candidate):\n"
+                                                                       "    assert candidate(lambda v: v + 1) == 2\n"},
+                                           "harness"),
+    "pytest fixture": ({"test": "def test_f(tmp_path):\n    assert f() == 1\n"}, "harness"),
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_tests_that_cannot_run_are_counted_not_passed(pool, name):
+  truth, failure = MALFORMED[name]
+  r = code_reward.score("```python\ndef f(g=None):\n    return 1 if g is None else g(1)\n```", truth, executor=pool)
+  assert (r.acc, r.score, r.failure) == (False, 0.0, failure), r.info
