@@ -53,7 +53,8 @@ def get_config(arg=None):
   # nothing (the format comes from SFT); a real run advertises it (recipe.rl_config).
   config.rollout.update(batch_size=128, max_turns=4, max_response_len=160, max_prompt_len=64,
                         max_tool_output_chars=256, segment_len=32, groups_per_prefill=16, pad_prefill_groups=False,
-                        prompt_bucket_min=32, chunk_len=32, cache_bucket_min=224, advertise_tools=False)
+                        prompt_bucket_min=32, chunk_len=32, cache_bucket_min=224, extend_rows=None,
+                        advertise_tools=False)
   config.tools = base.tools
   config.tools.update(timeout_s=5.0, memory_mb=512)
   config.reward = base.reward

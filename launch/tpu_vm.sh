@@ -5,6 +5,7 @@
 #   export TPU_NAME=my-tpu ZONE=us-central2-b ACCELERATOR=v4-32 [PROJECT=my-project] [RUNTIME=tpu-ubuntu2204-base]
 #   bash launch/tpu_vm.sh create                       # create the TPU VM (slice)
 #   bash launch/tpu_vm.sh setup                        # copy this checkout to every host, install, jax[tpu]
+#   bash launch/tpu_vm.sh preflight configs/demystify_qwen3_4b.py [--config.a.b=value ...]  # needs TOPOLOGY
 #   bash launch/tpu_vm.sh run configs/demystify_qwen3_4b.py gs://bucket/runs/x [--config.a.b=value ...]
 #   bash launch/tpu_vm.sh logs [LINES]                 # the last lines of every host's run.log
 #   bash launch/tpu_vm.sh copy LOCAL_PATH [REMOTE_DIR] # copy a file or directory to every host
@@ -14,12 +15,16 @@
 # --dry-run (first argument) prints every command instead of running it, with placeholders for unset
 # variables; it needs neither gcloud nor a TPU. PASS_ENV="WANDB_API_KEY XLA_FLAGS ..." names environment variables
 # whose values `run` passes to every host (AGENTRL_* and JAX_* variables are always passed).
+# preflight compiles every program of the config for TOPOLOGY (e.g. TOPOLOGY=v5p:2x2x2 for a v5p-16) with the
+# real TPU compiler on this machine (no TPU, no gcloud: `python -m agentrl_jax.aot`, libtpu from the test
+# requirements) and fails when a program does not fit; with TOPOLOGY set, `run` runs it first and starts nothing
+# on the slice when it fails.
 # Checkpoints and datasets should live on storage every host sees (a GCS bucket or a shared disk); model
 # weights load from a local or mounted directory given in the config (nothing downloads from a model hub).
 set -euo pipefail
 dry=0
 if [ "${1:-}" = "--dry-run" ]; then dry=1; shift; fi
-cmd="${1:?usage: tpu_vm.sh [--dry-run] create|setup|run|logs|copy|ssh|delete ...}"; shift || true
+cmd="${1:?usage: tpu_vm.sh [--dry-run] create|setup|preflight|run|logs|copy|ssh|delete ...}"; shift || true
 
 need() {  # need VAR: its value, or a placeholder in a dry run
   local name="$1"
@@ -28,7 +33,7 @@ need() {  # need VAR: its value, or a placeholder in a dry run
   else echo "tpu_vm.sh: set $name (see the header of launch/tpu_vm.sh)" >&2; exit 2
   fi
 }
-name="$(need TPU_NAME)"; zone="$(need ZONE)"
+if [ "$cmd" != preflight ]; then name="$(need TPU_NAME)"; zone="$(need ZONE)"; fi
 gc=(gcloud compute tpus tpu-vm)
 proj=(); [ -n "${PROJECT:-}" ] && proj=(--project "$PROJECT")
 remote_dir="agentrl_jax"
@@ -44,6 +49,12 @@ run() {  # run CMD...: execute, or print it (quoted for a shell) in a dry run
   else
     "$@"
   fi
+}
+preflight() {  # preflight CONFIG [overrides]: the ahead-of-time check on this machine
+  local root py
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  py="$root/.venv/bin/python"; [ -x "$py" ] || py=python3
+  run env JAX_PLATFORMS=cpu "$py" -m agentrl_jax.aot "--config=$1" "--topology=$(need TOPOLOGY)" "${@:2}"
 }
 on_all() { run "${gc[@]}" ssh "$name" --zone "$zone" "${proj[@]}" --worker=all --command "$1"; }
 
@@ -71,8 +82,11 @@ case "$cmd" in
 bash -c 'source launch/setup.sh runtime' && .venv/bin/pip install -q 'jax[tpu]==$jax_version'" ;;
   run)
     config="${1:?usage: tpu_vm.sh run CONFIG WORKDIR [overrides]}"; workdir="${2:?workdir}"; shift 2
+    if [ -n "${TOPOLOGY:-}" ]; then preflight "$config" "$@"; fi
     on_all "cd ~/$remote_dir && env $(passed_env) AGENTRL_DISTRIBUTED=1 nohup .venv/bin/python -m agentrl_jax.main \
 --config=$config --workdir=$workdir $* > run.log 2>&1 &" ;;
+  preflight)
+    preflight "${1:?usage: tpu_vm.sh preflight CONFIG [overrides]}" "${@:2}" ;;
   logs)
     on_all "tail -n ${1:-50} ~/$remote_dir/run.log" ;;
   copy)

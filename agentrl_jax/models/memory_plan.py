@@ -1,6 +1,6 @@
 """Per-device memory plan of a policy on a TPU slice, from the project's own sharding rules.
 
-    python -m agentrl_jax.models.memory_plan --model qwen3_4b --slice v5p-16 --seq 22528 --rows 256
+    python -m agentrl_jax.models.memory_plan --model qwen3_4b --slice v5p-16 --seq 23040 --rows 256
 
 prints, per device of a `(data, fsdp, tensor)` mesh over the slice's chips: the parameters, the AdamW moments,
 the gradient accumulator, the rollout KV cache for `rows` sequences of `seq` tokens, and the activations of one
@@ -9,7 +9,8 @@ exact (every parameter's partition spec comes from `sharding.LOGICAL_RULES`, app
 slice's size: no devices are needed) and checked against real sharded arrays in tests/models/test_memory_plan.py.
 Activations are the residuals JAX's autodiff saves for the backward pass with a fused attention kernel (splash /
 cuDNN: no score matrix), counted per layer and checked against `saved_residuals` on CPU with the splash kernel in
-interpret mode; XLA's fusion can only drop some of them (see `activation_bytes`).
+interpret mode; XLA's fusion can only drop some of them (see `activation_bytes`). `python -m
+agentrl_jax.aot.memory_check` holds these numbers against the TPU compiler's own plan of the same programs.
 """
 
 from __future__ import annotations
@@ -230,7 +231,7 @@ def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--model", default="qwen3_4b", help="a ModelConfig size (qwen3_4b, qwen2p5_7b, ...)")
   ap.add_argument("--slice", default="v5p-16")
-  ap.add_argument("--seq", type=int, default=22528, help="prompt + response tokens (recipe: 2048 + 20480)")
+  ap.add_argument("--seq", type=int, default=23040, help="prompt + response tokens (recipe: 2560 + 20480)")
   ap.add_argument("--rows", type=int, default=256, help="rollout rows decoded together")
   ap.add_argument("--data", type=int, default=1)
   ap.add_argument("--tensor", type=int, default=1)

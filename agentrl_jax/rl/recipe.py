@@ -74,6 +74,7 @@ def rl_config(**model) -> ml_collections.ConfigDict:
       # of a second per wave next to minutes of decoding, where each program costs tens of seconds to compile.
       segment_len=64, groups_per_prefill=8, pad_prefill_groups=True, prompt_bucket_min=2560, chunk_len=64,
       cache_bucket_min=1024,
+      extend_rows=0,                 # tool responses appended to every row slot in place (RolloutConfig)
       advertise_tools=True,
       temperature=1.0, top_p=1.0, top_k=0))
   config.tools = ml_collections.ConfigDict(dict(
@@ -126,7 +127,7 @@ def shrink_for_smoke(config: ml_collections.ConfigDict) -> ml_collections.Config
   config.data.update(train_path="", toy_problems=64, toy_levels=[0, 1, 2])
   config.rollout.update(batch_size=16, max_turns=3, max_response_len=64, max_prompt_len=64, max_tool_output_chars=256,
                         segment_len=16, pad_prefill_groups=False, prompt_bucket_min=32, chunk_len=16,
-                        cache_bucket_min=64, advertise_tools=False)
+                        cache_bucket_min=64, extend_rows=None, advertise_tools=False)
   config.tools.update(timeout_s=5.0, memory_mb=512)
   config.reward.overlong_buffer_tokens = 16
   config.rl.update(n=4, prompts_per_step=4, mini_batch_prompts=2, micro_batch_size=8, total_steps=2,

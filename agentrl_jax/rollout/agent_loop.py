@@ -401,12 +401,15 @@ def run_rollout(
     ensure_capacity(max(rows[s].cache_len for s in order) + 1)
     # Fixed [R, T] calls (R = extend_rows, T = chunk_len): extend compiles once per cache capacity, whatever the
     # number of resuming rows and the lengths of their tool responses. A longer chunk takes several calls.
-    r, t = cfg.extend_rows or max(1, b // 8), cfg.chunk_len
+    r, t = cfg.rows_per_extend, cfg.chunk_len
     pieces = [(slot, j) for slot in order for j in range(-(-len(chunks[slot]) // t))]
     pieces.sort(key=lambda p: p[1])  # all first pieces, then all second pieces, ...
-    for lo in range(0, len(pieces), r):
-      call = pieces[lo:lo + r]
-      rows_idx = np.full((r,), b, np.int32)
+    if r == b:  # whole-batch calls (in place): call j appends every row's piece j, at the row's own index
+      calls = [[p for p in pieces if p[1] == j] for j in range(pieces[-1][1] + 1)] if pieces else []
+    else:
+      calls = [pieces[lo:lo + r] for lo in range(0, len(pieces), r)]
+    for call in calls:
+      rows_idx = np.arange(b, dtype=np.int32) if r == b else np.full((r,), b, np.int32)
       tokens = np.zeros((r, t), np.int32)
       lengths = np.zeros((r,), np.int32)
       final = np.zeros((r,), np.bool_)
@@ -415,6 +418,7 @@ def run_rollout(
       drew = []
       for i, (slot, j) in enumerate(call):
         c, row = chunks[slot][j * t:(j + 1) * t], rows[slot]
+        i = slot if r == b else i
         rows_idx[i] = slot
         tokens[i, :len(c)] = c
         lengths[i] = len(c)

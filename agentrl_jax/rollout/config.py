@@ -39,7 +39,9 @@ class RolloutConfig:
     chunk_len: tokens per extend call and row: a tool response (plus the pending token) is appended in chunks
       of this length, so extend compiles once per cache capacity.
     extend_rows: rows per extend call (default None: batch_size // 8, at least 1); more resuming rows take more
-      calls.
+      calls. 0: every row slot in each call, the cache extended in place (rows that do not resume append
+      nothing): no rows of the cache are gathered and scattered back, which a sharded cache of long contexts
+      cannot afford (the gathered rows land on every device).
     cache_bucket_min: smallest KV cache capacity; the cache grows in buckets as rows get longer (not with
       attention_impl="ragged_paged", whose cache is allocated at its largest capacity once: Sampler.fixed_capacity).
     tool_names: tools the model may call.
@@ -70,13 +72,20 @@ class RolloutConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"RolloutConfig.{name}: must be an int >= 1, got {value!r}")
-    if self.extend_rows is not None and not (isinstance(self.extend_rows, int) and 1 <= self.extend_rows
+    if self.extend_rows is not None and not (isinstance(self.extend_rows, int) and 0 <= self.extend_rows
                                              <= self.batch_size):
-      raise ValueError(f"RolloutConfig.extend_rows: must be None or an int in [1, batch_size], got {self.extend_rows!r}")
+      raise ValueError(f"RolloutConfig.extend_rows: must be None or an int in [0, batch_size], got {self.extend_rows!r}")
     if not isinstance(self.max_tool_output_chars, int) or self.max_tool_output_chars < 64:
       raise ValueError(f"RolloutConfig.max_tool_output_chars: must be an int >= 64, got {self.max_tool_output_chars!r}")
     if not self.tool_names or not all(isinstance(t, str) and t for t in self.tool_names):
       raise ValueError(f"RolloutConfig.tool_names: must be a non-empty tuple of names, got {self.tool_names!r}")
+
+  @property
+  def rows_per_extend(self) -> int:
+    """Rows of one extend call: `extend_rows` (0: the whole batch), default batch_size // 8."""
+    if self.extend_rows is None:
+      return max(1, self.batch_size // 8)
+    return self.extend_rows or self.batch_size
 
   def replace(self, **kw) -> RolloutConfig:
     return dataclasses.replace(self, **kw)

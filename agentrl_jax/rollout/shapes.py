@@ -53,7 +53,7 @@ def rollout_shapes(cfg: RolloutConfig, n: int, *, fixed_capacity: bool) -> Rollo
   groups = sorted({prefill_groups(g, n, cfg) for g in range(1, min(cfg.batch_size // n, cfg.groups_per_prefill) + 1)})
   prompts = bucket_values(cfg.prompt_bucket_min, bucket(cfg.max_prompt_len, cfg.prompt_bucket_min))
   prefill = tuple((gp, t, c) for gp in groups for t in prompts for c in caps if c >= t)
-  rows = cfg.extend_rows or max(1, cfg.batch_size // 8)
+  rows = cfg.rows_per_extend
   extend = tuple((rows, cfg.chunk_len, c) for c in caps)
   # The cache grows by what one call appends at most: a segment, or a turn's tool responses (a token holds at
   # least one character; the chat template adds a few dozen tokens per response).

@@ -71,15 +71,38 @@ def sampling_logits(logits: Float[Array, "R V"], cfg: SamplingConfig) -> Float[A
     kth = jax.lax.top_k(x, cfg.top_k)[0][:, -1:]
     x = jnp.where(x < kth, _NEG_INF, x)
   if cfg.top_p < 1:
-    # Sort once (descending); the threshold is the logit of the last kept token.
-    k = cfg.top_k if cfg.top_k and cfg.top_k < v else v
-    top = jax.lax.top_k(x, k)[0]
-    probs = jax.nn.softmax(top, axis=-1)
-    before = jnp.cumsum(probs, axis=-1) - probs  # mass of the strictly more likely tokens
-    n_keep = jnp.maximum(jnp.sum(before < cfg.top_p, axis=-1, keepdims=True), 1)
-    threshold = jnp.take_along_axis(top, n_keep - 1, axis=-1)
-    x = jnp.where(x < threshold, _NEG_INF, x)
+    x = jnp.where(x < top_p_threshold(x, cfg.top_p), _NEG_INF, x)
   return x
+
+
+_TOP_P_STEPS = 40  # halvings of the logit range: enough to reach adjacent float32 values for any real logits
+
+
+def top_p_threshold(x: Float[Array, "R V"], top_p: float) -> Float[Array, "R 1"]:
+  """The logit of the last token top-p keeps: the smallest logit whose strictly more likely tokens hold less
+  than `top_p` of the mass (every token at or above it is kept, ties included; at least the most likely one).
+
+  Found by bisection over the logit range (`_TOP_P_STEPS` masked sums over the vocabulary) instead of sorting
+  the vocabulary: the same threshold, and a program a TPU compiles in a fraction of a sort's time (the sort
+  made an evaluation's decode, extend and prefill programs 20 CPU s slower to compile each, at top_p=0.6 and
+  Qwen's 151,936 tokens).
+  """
+  peak = jnp.max(x, axis=-1, keepdims=True)
+  p = jnp.exp(x - peak)  # -inf (filtered) -> 0
+  target = top_p * jnp.sum(p, axis=-1, keepdims=True)
+  finite = jnp.isfinite(x)
+  lo = jnp.min(jnp.where(finite, x, peak), axis=-1, keepdims=True) - 1.0  # mass above lo: everything
+  hi = peak  # mass above hi: nothing
+
+  def halve(_, bounds):
+    lo, hi = bounds
+    mid = lo + (hi - lo) / 2
+    above = jnp.sum(jnp.where(x > mid, p, 0.0), axis=-1, keepdims=True) < target
+    return jnp.where(above, lo, mid), jnp.where(above, mid, hi)
+
+  lo, _ = jax.lax.fori_loop(0, _TOP_P_STEPS, halve, (lo, hi))
+  # The smallest logit above `lo`: `lo` is below the threshold and no logit lies between them.
+  return jnp.min(jnp.where(x > lo, x, jnp.inf), axis=-1, keepdims=True)
 
 
 def sample(logits: Float[Array, "R V"], key: jax.Array, cfg: SamplingConfig,

@@ -230,10 +230,12 @@ def prefill_groups(
   hidden, small = model(tokens, cache=small, chunk_lengths=lengths, return_hidden=True)
   logits = model.unembed(_last_hidden(hidden, lengths))  # [P, V]: one unembed per prompt, not per token
   rows = jnp.repeat(jnp.arange(p), n)
-  small = small.select_rows(rows)  # [P*n, T]: the n samples share the one prefill
   logits = jnp.take(logits, rows, axis=0)
-
-  cache = state.cache.put_rows(slots, small)
+  # The n samples share the one prefill: sample j of every prompt is written to its slots in turn, a P-row copy
+  # each, rather than through a [P*n, T] fan-out of the prompts' caches (on a sharded cache that fan-out lands
+  # whole on every device).
+  by_sample = jnp.asarray(slots).reshape(p, n)
+  cache = jax.lax.fori_loop(0, n, lambda j, c: c.put_rows(by_sample[:, j], small), state.cache)
   return _draw_and_record(state, cache, logits, slots, budgets, forced, sampling)
 
 
@@ -254,7 +256,10 @@ def extend(
   one forward for all rows that resume after a tool call.
 
   Only the R resuming rows are computed: their caches are gathered into an R-row cache, extended, and
-  scattered back (a copy of R rows of the cache, far cheaper than a forward over all B rows x T tokens).
+  scattered back (a copy of R rows of the cache, far cheaper than a forward over all B rows x T tokens). With
+  R = B, entry i is row slot i (`rows` must be `arange(B)`; other rows take chunk length 0) and the cache is
+  extended in place: no rows are gathered, which on a sharded cache would place the R rows' whole caches on
+  every device (a TPU run of long contexts extends all rows this way: `RolloutConfig.extend_rows=0`).
 
   Args:
     rows: `[R]` row slots to extend; index B (out of range) marks a padding entry.
@@ -273,11 +278,14 @@ def extend(
   model = nnx.merge(graphdef, params)
   b = state.batch
   valid = rows < b
-  sub = state.cache.select_rows(jnp.minimum(rows, b - 1))  # [R, S]
   lengths = jnp.where(valid, chunk_lengths, 0)
-  hidden, sub = model(chunk, cache=sub, chunk_lengths=lengths, return_hidden=True)
+  if rows.shape[0] == b:  # every row slot, in place
+    hidden, cache = model(chunk, cache=state.cache, chunk_lengths=lengths, return_hidden=True)
+  else:
+    sub = state.cache.select_rows(jnp.minimum(rows, b - 1))  # [R, S]
+    hidden, sub = model(chunk, cache=sub, chunk_lengths=lengths, return_hidden=True)
+    cache = state.cache.put_rows(rows, sub)
   logits = model.unembed(_last_hidden(hidden, lengths))
-  cache = state.cache.put_rows(rows, sub)
   drawn = jnp.where(final, rows, b)  # rows that draw; the others only append to their cache
   return _draw_and_record(state, cache, logits, drawn, budgets, forced, sampling)
 

@@ -56,3 +56,17 @@ def test_without_dry_run_a_missing_variable_is_an_error():
   out = subprocess.run(["bash", "launch/tpu_vm.sh", "create"], cwd=REPO, env={"PATH": "/usr/bin:/bin"},
                        capture_output=True, text=True, timeout=30)
   assert out.returncode == 2 and "set TPU_NAME" in out.stderr
+
+
+def test_preflight_compiles_for_the_topology_before_a_run():
+  """`preflight` (and `run` with TOPOLOGY set, before anything starts on the slice) runs the ahead-of-time
+  check on this machine: `python -m agentrl_jax.aot` for the topology, on the CPU backend."""
+  (pre,) = dry_run("preflight", "configs/demystify_qwen3_4b.py", "--config.rollout.batch_size=128",
+                   TOPOLOGY="v5p:2x2x2")
+  assert pre[:2] == ["env", "JAX_PLATFORMS=cpu"] and pre[3:5] == ["-m", "agentrl_jax.aot"]
+  assert pre[5:] == ["--config=configs/demystify_qwen3_4b.py", "--topology=v5p:2x2x2",
+                     "--config.rollout.batch_size=128"]
+  pre, run = dry_run("run", "configs/demystify_qwen3_4b.py", "gs://b/runs/x", TOPOLOGY="v5p:2x2x2", **SLICE)
+  assert "agentrl_jax.aot" in pre and run[4] == "ssh"
+  (run,) = dry_run("run", "configs/demystify_qwen3_4b.py", "gs://b/runs/x", **SLICE)  # no TOPOLOGY: no preflight
+  assert run[4] == "ssh"

@@ -344,3 +344,18 @@ def test_every_call_shape_is_one_rollout_shapes_lists(env):
   assert seen["init"] <= set(want.capacities) and seen["decode"] <= set(want.decode)
   assert seen["prefill"] <= set(want.prefill) and seen["extend"] <= set(want.extend)
   assert seen["grow"] <= set(want.grow)
+
+
+def test_whole_batch_extend_in_place_matches_gathered_rows(env):
+  """`extend_rows=0`: tool responses appended to every row slot in place (no rows gathered) give the same
+  episodes as extends of gathered rows."""
+  tok = env[0]
+  prompts = [prompt_ids(tok, "What is 1+2?"), prompt_ids(tok, "What is 2+2?")]
+  scripts = [["Let me compute.\n" + call("print(1+2)"), "\\boxed{3}<|im_end|>"]] * 4
+  long_output = lambda code: ExecResult("ok", stdout="4" * 90 + "\n")  # two chunks of 64 tokens
+  gathered, _ = rollout(env, prompts, scripts, n=2, fn=long_output)
+  in_place, stats = rollout(env, prompts, scripts, n=2, fn=long_output, cfg=CFG.replace(extend_rows=0))
+  assert stats.extend_calls == 2  # one call per chunk index, every row at once
+  for a, b in zip(gathered, in_place, strict=True):
+    assert a.transcript == b.transcript and a.loss_mask.tolist() == b.loss_mask.tolist()
+    np.testing.assert_allclose(a.logp_raw, b.logp_raw, atol=2e-5)
