@@ -290,7 +290,7 @@ def sft_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Pla
   bsh = step_lib.batch_sharding(mesh, sft_cfg.micro_batch_rows, sft_cfg.max_seq_len)
   rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
   programs = []
-  for num_rows in packing.row_buckets(sft_cfg.micro_batch_rows, sft_cfg.batch_size):
+  for num_rows in packing.row_buckets(sft_cfg.micro_batch_rows, sft_cfg.batch_size, sft_cfg.fixed_rows):
     m, r, seq = num_rows // sft_cfg.micro_batch_rows, sft_cfg.micro_batch_rows, sft_cfg.max_seq_len
     batch = {f: jax.ShapeDtypeStruct((m, r, seq), jnp.float32 if f == "weights" else jnp.int32, sharding=bsh)
              for f in packing.FIELDS}

@@ -61,13 +61,15 @@ def row_bucket(rows: int, micro_rows: int, max_rows: int) -> int:
   return max(min(bucket, cap), math.ceil(rows / micro_rows) * micro_rows)
 
 
-def row_buckets(micro_rows: int, max_rows: int) -> tuple[int, ...]:
+def row_buckets(micro_rows: int, max_rows: int, fixed_rows: bool = False) -> tuple[int, ...]:
   """Every row count `pack` can pad a step to (`row_bucket` over 1..max_rows): the SFT step's shapes."""
+  if fixed_rows:
+    return (row_bucket(max_rows, micro_rows, max_rows),)
   return tuple(sorted({row_bucket(r, micro_rows, max_rows) for r in range(1, max_rows + 1)}))
 
 
 def pack(conversations: Sequence[EncodedConversation], *, seq_len: int, micro_rows: int,
-         max_rows: int) -> PackedBatch:
+         max_rows: int, fixed_rows: bool = False) -> PackedBatch:
   """Packs conversations (each at most `seq_len + 1` tokens) into `[M, micro_rows, seq_len]` arrays.
 
   Args:
@@ -75,6 +77,8 @@ def pack(conversations: Sequence[EncodedConversation], *, seq_len: int, micro_ro
     seq_len: slots per row.
     micro_rows: rows per micro-batch.
     max_rows: the most rows any step needs (the step's conversation count): bounds the row buckets.
+    fixed_rows: pad to the largest bucket always (one shape for every step; the step skips the empty
+      micro-batches), instead of the smallest bucket that holds the rows.
 
   Raises:
     ValueError: a conversation longer than `seq_len + 1` tokens, or one with fewer than 2 tokens.
@@ -95,7 +99,7 @@ def pack(conversations: Sequence[EncodedConversation], *, seq_len: int, micro_ro
     else:
       rows.append([i])
       free.append(seq_len - n)
-  num_rows = row_bucket(len(rows), micro_rows, max_rows)
+  num_rows = row_bucket(max_rows if fixed_rows else len(rows), micro_rows, max_rows)
   out = {f: np.zeros((num_rows, seq_len), np.float32 if f == "weights" else np.int32) for f in FIELDS}
   for r, ids in enumerate(rows):
     start = 0

@@ -47,6 +47,9 @@ class SFTConfig:
     micro_batch_rows: packed rows per micro-batch (a multiple of the data-parallel devices is best).
     warmup_ratio: linear warmup as a fraction of all steps (the recipe: 0.1), then cosine decay.
     logits_chunk_size: T-chunk of the fused LM head + log-softmax; None computes [R, T, V] at once.
+    fixed_rows: every step holds the rows of its largest possible packing (batch_size rows, rounded up to
+      micro-batches), its empty micro-batches skipped: the step compiles once; else rows are bucketed to powers
+      of two (a program per bucket).
   """
 
   batch_size: int = 32
@@ -56,6 +59,7 @@ class SFTConfig:
   micro_batch_rows: int = 1
   warmup_ratio: float = 0.1
   logits_chunk_size: int | None = 1024
+  fixed_rows: bool = True
 
   def __post_init__(self):
     for name in ("batch_size", "num_epochs", "max_seq_len", "micro_batch_rows"):
@@ -118,7 +122,7 @@ def encode_batch(tokenizer, conversations: Sequence[Any], cfg: SFTConfig) -> Ste
   packed = None
   if encoded:
     packed = packing.pack(encoded, seq_len=cfg.max_seq_len, micro_rows=cfg.micro_batch_rows,
-                          max_rows=cfg.batch_size)
+                          max_rows=cfg.batch_size, fixed_rows=cfg.fixed_rows)
   return StepData(packed, encoded, skipped, tuple(truncated))
 
 
@@ -144,7 +148,8 @@ def make_train_step(graphdef: nnx.GraphDef, state_shardings: TrainState, opt_cfg
                     ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
   """Builds the jitted `step(state, batch, rng) -> (state, metrics)`; `state` is donated.
 
-  `batch` holds the `packing.FIELDS` arrays `[M, micro_rows, seq_len]` (compiled once per M). The update:
+  `batch` holds the `packing.FIELDS` arrays `[M, micro_rows, seq_len]` (compiled once per M; micro-batches
+  without a trained token are skipped). The update:
   token-mean CE gradient over all M micro-batches -> skip if the norm or loss is not finite (state returned
   unchanged, `skipped` = 1) -> clip to `opt_cfg.grad_clip` -> AdamW (`opt_cfg.make()`). `rng` keeps the house
   signature (and the RL step's); nothing in SFT is stochastic yet (no dropout).
@@ -177,11 +182,15 @@ def make_train_step(graphdef: nnx.GraphDef, state_shardings: TrainState, opt_cfg
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
       constrain = lambda g: lax.with_sharding_constraint(g, state_shardings.params)  # noqa: E731
 
-      def body(carry, mb):
+      def accumulate(carry, mb):
         acc, nll, ent = carry
         (mb_nll, mb_ent), grads = grad_fn(state.params, mb)
         acc = constrain(jax.tree.map(lambda a, g: a + g.astype(accum_dtype), acc, grads))
-        return (acc, nll + mb_nll, ent + mb_ent), None
+        return acc, nll + mb_nll, ent + mb_ent
+
+      def body(carry, mb):
+        # A micro-batch of padding rows trains nothing: its forward and backward are skipped.
+        return lax.cond(jnp.any(mb["weights"] != 0), accumulate, lambda carry, _: carry, carry, mb), None
 
       zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), state.params))
       init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))

@@ -136,7 +136,7 @@ def test_sft_encode_batch_skips_and_reports(setup):
   assert [c.index for c in data.encoded] == [0]
   assert [i for i, _ in data.skipped] == [1, 2]
   assert "message 0 is 'tool'" in data.skipped[0][1] and "max_seq_len=64" in data.skipped[1][1]
-  assert data.packed.inputs.shape == (1, 2, SEQ)
+  assert data.packed.inputs.shape == (2, 2, SEQ)  # fixed rows: the largest packing of 3 conversations
   assert step_lib.encode_batch(tok, batch[1:], cfg).packed is None
 
 
