@@ -371,6 +371,12 @@ class Qwen(nnx.Module):
     def one(state, x, arrays, i):
       return nnx.merge(layer_def, state)(x, rope_cs, mask, arrays, i, lengths, segs, chunk_lengths)
 
+    if arrays is not None and isinstance(arrays[0], tuple):  # a cache of one array per layer (`per_layer`)
+      out = []
+      for i, state in enumerate(unstack_layers(stacked, cfg.num_layers)):
+        x, layer_arrays = one(state, x, tuple(a[i] for a in arrays), 0)
+        out.append(layer_arrays)
+      return x, tuple(zip(*out))
     if cfg.scan_layers:
       if arrays is None:
         def body(x, state):

@@ -357,8 +357,13 @@ def decode(
   out0 = Segment(tokens=jnp.zeros((b, seg), jnp.int32), logp_raw=zeros_f, logp_sample=zeros_f,
                  num=jnp.zeros((b,), jnp.int32), stop_reason=state.stop_reason, active=state.active,
                  lengths=state.cache.lengths, steps=state.steps)
+  split = isinstance(state.cache, KVCache) and attention_kernels.target_platform() == "cpu"
+  if split:  # the loop reads each layer's cache in place (`KVCache.per_layer`)
+    state = state.replace(cache=state.cache.per_layer())
   final = jax.lax.while_loop(cond, body, Carry(state, out0, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)))
   s = final.s
+  if split:
+    s = s.replace(cache=s.cache.stacked())
   out = final.out.replace(stop_reason=s.stop_reason, active=s.active, lengths=s.cache.lengths, steps=s.steps)
   return s, out
 
