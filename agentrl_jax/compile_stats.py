@@ -98,3 +98,17 @@ def enable_compilation_cache(cache_dir: str) -> None:
   jax.config.update("jax_compilation_cache_dir", cache_dir)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+@contextlib.contextmanager
+def persistent_cache_off():
+  """Compiles for another machine (a TPU topology from this host) bypass the persistent cache: its entries
+  cannot be loaded without that machine's client, and reading one only warns."""
+  import jax
+
+  was = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", was)

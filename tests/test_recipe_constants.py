@@ -192,6 +192,7 @@ IMPLEMENTATION = (
                                                      # scores a dead sandbox 0 and skips non-finite steps silently)
     "rollout.batch_size", "rollout.segment_len", "rollout.groups_per_prefill", "rollout.prompt_bucket_min",
     "rollout.chunk_len", "rollout.cache_bucket_min", "rollout.overlap_tools", "rollout.pad_prefill_groups",
+    "rollout.extend_rows",
                                                      # the compiled sampler's shapes
     "tools.max_concurrency", "tools.sandbox_fusion_url", "tools.allow_unsandboxed", "tools.local_mode",
                                                      # executor plumbing

@@ -132,7 +132,6 @@ def main(argv=None) -> list[Check]:
   ap.add_argument("--slices", default="v5e-16,v5p-16,v6e-16")
   ap.add_argument("--json", action="store_true")
   args = ap.parse_args(argv)
-  jax.config.update("jax_enable_compilation_cache", False)
   checks = []
   for model in args.models.split(","):
     for s in args.slices.split(","):

@@ -22,10 +22,9 @@ import re
 import sys
 import time
 
-from absl import flags
 import jax
-from ml_collections import config_flags
 
+from agentrl_jax import compile_stats
 from agentrl_jax.aot import programs as programs_lib
 from agentrl_jax.aot import target as target_lib
 
@@ -95,7 +94,8 @@ def compile_program(p: programs_lib.Program, t: target_lib.Target, resident: int
               resident_gib=round(resident / GIB, 3), est_flops=flops_dev, est_hbm_bytes=bytes_dev,
               est_step_s=est, est_bound=bound)
   try:
-    compiled = lowered.compile()
+    with compile_stats.persistent_cache_off():
+      compiled = lowered.compile()
   except Exception as e:  # pylint: disable=broad-except  # the compiler's out-of-memory verdict is a result
     c2 = time.process_time()
     m = _OOM.search(str(e))
@@ -149,12 +149,8 @@ def compile_all(config, topology: str, *, only: tuple[str, ...] = (), progress=N
   t = target_lib.target(topology)
   # Every program is compiled for real: the persistent cache would hide the cost measured (and cannot load a
   # program for devices this process does not have).
-  cache_was = jax.config.jax_enable_compilation_cache
-  jax.config.update("jax_enable_compilation_cache", False)
-  try:
+  with compile_stats.persistent_cache_off():
     return _compile_all(config, t, topology, only, progress)
-  finally:
-    jax.config.update("jax_enable_compilation_cache", cache_was)
 
 
 def _compile_all(config, t: target_lib.Target, topology: str, only, progress) -> dict:
@@ -223,17 +219,6 @@ def format_table(report: dict) -> str:
 # Command line
 # ------------------------------------------------------------------------------------------------------------
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:arg]).",
-                                          lock_config=True)
-_TOPOLOGY = flags.DEFINE_string("topology", "v5p:2x2x2", "TPU slice: v5e:2x4, v5p:2x2x2, v6e:4x4, ...")
-_JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
-_ONLY = flags.DEFINE_list("only", [], "Compile only programs whose name contains one of these (e.g. update,decode).")
-
-
-def parse_flags(argv):
-  return flags.FLAGS(argv)
-
-
 def main(config, topology: str, *, as_json: bool = False, only=()) -> int:
   """Runs the pre-flight; prints the table (or JSON); returns the exit code (1 when a program does not fit)."""
   show = (lambda r: print(f"  compiled {r.program} {r.shape}: {r.compile_cpu_s:.1f} CPU s, {r.hbm_gib:.2f} GiB",
@@ -245,12 +230,3 @@ def main(config, topology: str, *, as_json: bool = False, only=()) -> int:
     print(f"aot: {r['program']} ({r['shape']}) does not fit: needs {r['hbm_gib']:.2f} GiB per device of "
           f"{r['hbm_limit_gib']:.1f} GiB ({r['hbm_gib'] * GIB:,.0f} bytes). {r['fit_hint']}", file=sys.stderr)
   return 1 if bad else 0
-
-
-def absl_main(argv):
-  if len(argv) > 1:
-    raise flags.Error(f"unexpected arguments: {argv[1:]}")
-  if _CONFIG.value is None:
-    raise flags.Error("--config is required, e.g. --config=configs/demystify_qwen3_4b.py")
-  logging.getLogger().setLevel(logging.WARNING)
-  sys.exit(main(_CONFIG.value, _TOPOLOGY.value, as_json=_JSON.value, only=_ONLY.value))

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 import numpy as np
 
+from agentrl_jax import compile_stats
 from agentrl_jax.models import kv_cache
 
 log = logging.getLogger(__name__)
@@ -233,7 +234,7 @@ def kernel_refusal(impl: str, device, head_dim: int) -> str | None:
   splash_grad = jax.jit(jax.grad(lambda q, k, v: splash_attention(q, k, v, None, 1.0).astype(jnp.float32).sum(),
                                  argnums=(0, 1, 2)))
   try:
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), compile_stats.persistent_cache_off():
       splash_grad.trace(spec((1, t, 1, 2, head_dim)), spec((1, t, 1, head_dim)),
                         spec((1, t, 1, head_dim))).lower().compile()
       if impl == "ragged_paged":
