@@ -25,7 +25,8 @@ def get_config(arg=None):
   config = ml_collections.ConfigDict()
   config.job = "pipeline"
   config.name = "embedded arithmetic demo"
-  config.seed = 0
+  config.seed = 0                    # every seed of the job: the task's splits, teacher, init, sampling, data order
+  config.jax_platforms = "cpu"       # a CPU job (JAX_PLATFORMS wins; "" lets JAX pick, e.g. on a TPU VM)
   config.stages = ["data", "teacher", "sft", "eval_sft", "filter", "rl", "eval_rl"]
   config.data_dir = ""               # TFDS datasets; "" = <workdir>/tfds
   config.compile_cache_dir = ""      # JAX's persistent compilation cache; "" = <workdir>/jax_cache
@@ -35,9 +36,10 @@ def get_config(arg=None):
   config.tokenizer = "embedded"
   config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=1))
 
-  # ---- the task: disjoint held-out / SFT / RL-pool splits of the arithmetic family (agentrl_jax/tasks)
+  # ---- the task: held-out / SFT / RL-pool splits of the arithmetic family (agentrl_jax/tasks), disjoint by
+  # canonical form, drawn with `seed`; the RL curves evaluate the first `curve_problems` held-out problems
   config.task = ml_collections.ConfigDict(dict(
-      seed=0, heldout_problems=128, sft_problems=256, rl_problems=768, curve_problems=32,
+      heldout_problems=512, sft_problems=256, rl_problems=768, curve_problems=64,
       level_weights=[[0, 0.1], [1, 0.2], [2, 0.35], [3, 0.35]]))
   # ---- SFT data: the scripted teacher's code run in the sandbox ("real"), or the stitched baseline
   config.teacher = ml_collections.ConfigDict(dict(source="real", style="deliberative", p_direct=0.5,
