@@ -140,3 +140,29 @@ def test_smoke_with_the_real_qwen3_vocabulary(tmp_path):
   assert "qwen3-" in meta["model"]["tokenizer_path"]
   sample = json.loads(open(tmp_path / "run" / "sft" / "samples.jsonl").readline())
   assert sample["text"].startswith("<|im_start|>user\n") and "<think>\n\n</think>\n\n" in sample["text"]
+
+
+def test_fresh_problems_exclude_the_run_and_print_the_table(run, tmp_path, capsys):
+  """configs/eval_embedded.py on the smoke run: a fresh set none of whose problems (in any rendering) is in the
+  run's splits, both checkpoints evaluated, the change with its interval printed and written."""
+  from agentrl_jax import testing
+  from agentrl_jax.pipeline import fresh_eval
+  from agentrl_jax.tasks import arithmetic
+
+  workdir, _, _ = run
+  config = testing.load_config("eval_embedded", "smoke", **{"run": str(workdir), "seed": 7,
+                                                            "compile_cache_dir": str(workdir / "jax_cache")})
+  result = fresh_eval.run(config, str(tmp_path))
+  seen = {p.key for split in ("heldout", "sft", "rl") for p in arithmetic.read_rl_parquet(workdir / "data" /
+                                                                                          f"{split}.parquet")}
+  fresh = arithmetic.read_rl_parquet(tmp_path / "fresh.parquet")
+  assert len(fresh) == 6 and not {p.key for p in fresh} & seen
+  assert result["excluded"]["distinct_problems"] == len(seen)
+  for metric in ("avg@2", "greedy@1", "tool_success_rate"):
+    c = result["changes"][metric]
+    assert c["problems"] == 6 and (c["ci95"] is None or c["ci95"][0] <= c["change"] <= c["ci95"][1])
+  out = capsys.readouterr().out
+  assert "| avg@2 " in out and "95% CI of change" in out and "by level" in out
+  assert (tmp_path / "sft" / "eval_rollouts.jsonl").exists() and (tmp_path / "rl" / "greedy").is_dir()
+  with pytest.raises(ValueError, match="neither a run directory"):
+    fresh_eval.excluded_keys([str(tmp_path / "nowhere")])
