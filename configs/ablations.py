@@ -30,13 +30,13 @@ def get_config(arg=None):
   config = ml_collections.ConfigDict()
   config.job = "ablations"
   config.pipeline = _pipeline("smoke" if arg == "smoke" else None)
-  config.seeds = [0, 1]
+  config.seeds = (0, 1, 2)  # --config.seeds="(0,)" for one
   config.arms = ["real", "stitched", "clip_sym", "frequent"]
   config.arm_overrides = ml_collections.ConfigDict(dict(
       real=[], stitched=[["teacher.source", "stitched"]], clip_sym=[["rl.loss.clip_high", 0.2]],
       frequent=[["teacher.style", "frequent"]]))
   if arg == "smoke":
-    config.seeds = [0]
+    config.seeds = (0,)
     config.arms = ["real", "clip_sym"]
   config.lock()
   return config
