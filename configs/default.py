@@ -39,7 +39,7 @@ def get_config(arg=None):
   # ---- the task: held-out / SFT / RL-pool splits of the arithmetic family (agentrl_jax/tasks), disjoint by
   # canonical form, drawn with `seed`; the RL curves evaluate the first `curve_problems` held-out problems
   config.task = ml_collections.ConfigDict(dict(
-      heldout_problems=512, sft_problems=256, rl_problems=768, curve_problems=64,
+      heldout_problems=512, sft_problems=256, rl_problems=512, curve_problems=64,
       level_weights=[[0, 0.1], [1, 0.2], [2, 0.35], [3, 0.35]]))
   # ---- SFT data: the scripted teacher's code run in the sandbox ("real"), or the stitched baseline
   config.teacher = ml_collections.ConfigDict(dict(source="real", style="deliberative", p_direct=0.5,
@@ -57,7 +57,7 @@ def get_config(arg=None):
                         max_tool_output_chars=256, segment_len=32, groups_per_prefill=16, prompt_bucket_min=32,
                         chunk_len=32, cache_bucket_min=224, advertise_tools=False)
   config.tools = base.tools
-  config.tools.update(timeout_s=5.0, memory_mb=512)
+  config.tools.update(timeout_s=5.0, memory_mb=512, max_concurrency=4)  # 4 sandboxes hide each call's latency
   config.reward = base.reward
   config.reward.update(overlong_buffer_tokens=32)
   config.prompt_style = base.prompt_style
@@ -67,15 +67,19 @@ def get_config(arg=None):
                                                  include_min=False, include_max=False))
   # ---- GRPO-TCR
   config.rl = base.rl
-  # 16 prompts x 8 samples per step in 4 mini-batches (later mini-batches are off-policy, so clipping acts);
-  # the sampler's log-probs serve as the old policy's (one forward pass less per step).
+  # 16 prompts x 8 samples per step in mini-batches of 4 prompts (later mini-batches are off-policy, so clipping
+  # acts); the sampler's log-probs serve as the old policy's (one forward pass less per step). Groups whose
+  # samples all scored alike carry no gradient: they are dropped from the update (DAPO's dynamic sampling
+  # without its extra draws), which cheapens the update and keeps their zero-advantage tokens out of the
+  # token mean.
   config.rl.update(n=8, prompts_per_step=16, mini_batch_prompts=4, micro_batch_size=32, total_steps=60,
-                   response_bucket_min=192, logits_chunk_size=0, reuse_sampler_logp=True)
+                   response_bucket_min=160, logits_chunk_size=0, reuse_sampler_logp=True, dynamic_sampling=True,
+                   dynamic_sampling_max_extra_rounds=0)
   config.optimizer = base.optimizer
   config.optimizer.update(learning_rate=1e-4, b2=0.99)
   # ---- held-out evaluation: after SFT and after RL on the whole split; during RL on `task.curve_problems`
   # Sampled as in training (T=1, top_p=1; the recipe's validation uses top_p=0.6) plus one greedy answer each.
-  config.eval = ml_collections.ConfigDict(dict(n=4, temperature=1.0, top_p=1.0, top_k=0, ks=[4], every_steps=5,
+  config.eval = ml_collections.ConfigDict(dict(n=4, temperature=1.0, top_p=1.0, top_k=0, ks=[4], every_steps=15,
                                                samples_to_log=8, greedy=True))
   config.checkpoint = ml_collections.ConfigDict(dict(every_steps=5, max_to_keep=2, async_save=False))
   config.log_every_steps = 5
@@ -92,7 +96,7 @@ def get_config(arg=None):
     config.rollout.update(batch_size=16, max_response_len=48, cache_bucket_min=96, max_turns=3)
     config.filter.update(k=2, min_pass_rate=0.0, include_min=True, max_pass_rate=1.0, include_max=True)
     config.rl.update(n=2, prompts_per_step=4, mini_batch_prompts=2, micro_batch_size=4, total_steps=2,
-                     response_bucket_min=64)
+                     response_bucket_min=64, dynamic_sampling=False)  # an untrained policy's groups are all alike
     config.eval.update(n=2, ks=[2], every_steps=1)
     config.checkpoint.every_steps = 1
     config.log_every_steps = 1
