@@ -8,8 +8,9 @@ seeds, compared in one table (`bash launch/ablations.sh`; `configs/ablations.py`
 
 Every arm is the pipeline job itself (`pipeline.job.run`) in `<workdir>/<arm>-s<seed>/`. Arms of one seed share
 the stages whose inputs are identical (the clipping arm reuses the baseline's data, teacher, SFT, evaluation
-and filter stages through symlinks; every arm shares the data stage), and all arms share one compilation cache.
-Outputs in the workdir: `ablations.md`, `ablations.json` and the comparison plots.
+and filter stages through symlinks; every arm shares the data stage), also with arms an earlier invocation
+finished in the same workdir, and all arms share one compilation cache. Outputs in the workdir: `ablations.md`,
+`ablations.json` and the comparison plots, over every arm finished there for the configured seeds.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ FINDINGS = {
           [("real", "real trajectories"), ("stitched", "stitched")]),
     "b": ("clip-higher vs symmetric clipping", [("real", "clip 0.2 / 0.28"), ("clip_sym", "clip 0.2 / 0.2")]),
     "c": ("deliberative vs frequent tool use", [("real", "deliberative teacher"), ("frequent", "frequent teacher")]),
+    "b-scaled": ("clip-higher vs symmetric clipping, bounds scaled to the miniature",
+                 [("clip_hi_scaled", "clip 0.05 / 0.07"), ("clip_sym_scaled", "clip 0.05 / 0.05")]),
 }
 
 
@@ -140,6 +143,8 @@ def table(results: dict[str, dict[int, dict]], seeds: list[int], k: int,
   pairs = pairs or {}
   lines = [f"Seeds: {', '.join(map(str, seeds))}. Intervals: paired 95% bootstrap over the held-out problems.", ""]
   for finding, (title, arms) in FINDINGS.items():
+    if not any(results.get(arm) for arm, _ in arms):
+      continue
     base_label = arms[0][1]
     lines += [f"### ({finding}) {title}", "",
               f"| arm | seed | SFT avg@{k} | RL avg@{k} | RL - SFT [95% CI] | RL vs {base_label} [95% CI] | "
@@ -172,9 +177,11 @@ def plot(results: dict[str, dict[int, dict]], out_dir: str, k: int) -> list[str]
 
   names = []
   fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-  for arm, style in (("real", "-"), ("clip_sym", "--")):
+  styles = {"real": ("-", "0.2/0.28"), "clip_sym": ("--", "0.2/0.2"), "clip_hi_scaled": ("-.", "0.05/0.07"),
+            "clip_sym_scaled": (":", "0.05/0.05")}
+  for arm, (style, bounds) in styles.items():
     for seed, r in sorted(results.get(arm, {}).items()):
-      label = f"{'clip 0.28' if arm == 'real' else 'clip 0.2'} s{seed}"
+      label = f"clip {bounds} s{seed}"
       for ax, key in zip(axes, ("entropy", "heldout_avg", "clip_frac_high")):
         pts = r["curves"][key]
         if pts:
@@ -191,7 +198,8 @@ def plot(results: dict[str, dict[int, dict]], out_dir: str, k: int) -> list[str]
   names.append("clip_higher.png")
 
   fig, ax = plt.subplots(figsize=(8, 3.8))
-  arms = [a for a in ("real", "stitched", "clip_sym", "frequent") if a in results]
+  arms = [a for a in ("real", "stitched", "clip_sym", "frequent", "clip_hi_scaled", "clip_sym_scaled")
+          if a in results]
   seeds = sorted({s for a in arms for s in results[a]})
   width = 0.8 / max(2 * len(seeds), 1)
   for i, seed in enumerate(seeds):
@@ -217,24 +225,37 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   cache_dir = os.path.join(workdir, "jax_cache")
   base = config.pipeline
   k = max(base.eval.ks)
-  results: dict[str, dict[int, dict]] = {}
+  arms = dict(config.arm_overrides)
+
+  def arm_cfg(arm, seed):
+    overrides = {key: value for key, value in [*config.common_overrides, *arms[arm]]}
+    return arm_config(base, overrides, seed, cache_dir), overrides
+
   for seed in config.seeds:
-    done: list[tuple[ml_collections.ConfigDict, str]] = []
+    # Arms finished earlier in this workdir (another invocation) share their stages too.
+    done = [(arm_cfg(a, seed)[0], os.path.join(workdir, f"{a}-s{seed}")) for a in arms
+            if a not in config.arms and os.path.isdir(os.path.join(workdir, f"{a}-s{seed}"))]
     for arm in config.arms:
-      overrides = {key: value for key, value in config.arm_overrides[arm]}
-      cfg = arm_config(base, overrides, seed, cache_dir)
+      cfg, overrides = arm_cfg(arm, seed)
       arm_dir = os.path.join(workdir, f"{arm}-s{seed}")
       _share_stages(cfg, arm_dir, done)
       console.say(f"\n=== ablations: arm {arm!r} seed {seed} ({overrides or 'baseline'}) -> {arm_dir}")
-      summary = job.run(cfg, arm_dir)
+      job.run(cfg, arm_dir)
       console.setup_logging(os.path.join(workdir, "ablations.log"))  # job.run pointed logging at the arm's log
-      results.setdefault(arm, {})[seed] = _arm_result(arm_dir, summary, k)
       done.append((cfg, arm_dir))
+  # The table covers every arm finished in this workdir for these seeds, whichever invocation ran it.
+  results: dict[str, dict[int, dict]] = {}
+  for arm in arms:
+    for seed in config.seeds:
+      path = os.path.join(workdir, f"{arm}-s{seed}", "summary.json")
+      if os.path.exists(path):
+        with open(path) as f:
+          results.setdefault(arm, {})[seed] = _arm_result(os.path.dirname(path), json.load(f), k)
   seeds = list(config.seeds)
   pairs = versus(workdir, seeds, k)
   text = table(results, seeds, k, pairs)
   plots = plot(results, workdir, k)
-  out = {"seeds": seeds, "arms": {a: {k_: v for k_, v in config.arm_overrides[a]} for a in config.arms},
+  out = {"seeds": seeds, "arms": {a: {k_: v for k_, v in arms[a]} for a in results},
          "results": {a: {str(s): r for s, r in v.items()} for a, v in results.items()}, "versus_baseline": pairs,
          "wall_s": time.perf_counter() - t0, "plots": plots}
   with open(os.path.join(workdir, "ablations.json"), "w") as f:
