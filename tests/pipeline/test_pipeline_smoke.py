@@ -166,3 +166,22 @@ def test_fresh_problems_exclude_the_run_and_print_the_table(run, tmp_path, capsy
   assert (tmp_path / "sft" / "eval_rollouts.jsonl").exists() and (tmp_path / "rl" / "greedy").is_dir()
   with pytest.raises(ValueError, match="neither a run directory"):
     fresh_eval.excluded_keys([str(tmp_path / "nowhere")])
+
+
+def test_fresh_problems_for_one_exported_hf_policy(run, tmp_path, capsys):
+  """One policy, a HF directory exported from the smoke run: its values with their intervals; the run given as
+  an exclusion only."""
+  from agentrl_jax import checkpoint, testing
+  from agentrl_jax.pipeline import fresh_eval
+
+  workdir, _, _ = run
+  hf = checkpoint.main([str(workdir / "rl" / "checkpoints"), str(tmp_path / "hf")])
+  config = testing.load_config("eval_embedded", "smoke", **{
+      "after": hf, "after_label": "HF", "exclude": str(workdir), "seed": 3,
+      "compile_cache_dir": str(workdir / "jax_cache")})
+  result = fresh_eval.run(config, str(tmp_path / "fresh"))
+  assert set(result["values"]) == {"HF"} and "changes" not in result
+  assert result["excluded"]["sources"] == [str(workdir)] and result["excluded"]["distinct_problems"] == 40
+  v = result["values"]["HF"]["avg@2"]
+  assert v["ci95"][0] <= v["value"] <= v["ci95"][1]
+  assert "|       HF |" in capsys.readouterr().out
