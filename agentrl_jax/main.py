@@ -1,16 +1,22 @@
 """Entry point: `python -m agentrl_jax.main --config=configs/<x>.py[:arg] --workdir=DIR [--config.a.b=value]`.
 
 The config's `job` field names what to run; each job is one function `run(config, workdir)` in its package.
+A config's `jax_platforms` (e.g. "cpu" for the CPU jobs) selects JAX's backends unless `JAX_PLATFORMS` is set,
+so a CPU job never probes for an accelerator.
 """
 
 import importlib
 import logging
 import os
 
-from absl import app, flags
-from ml_collections import config_flags
+from agentrl_jax.pipeline import console
 
-from agentrl_jax import compile_stats
+console.capture_import_noise()  # before the config files import transformers: its notices go to the job's log
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from agentrl_jax import compile_stats  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:arg]).",
                                           lock_config=True)
@@ -28,6 +34,7 @@ JOBS = {
     "sft": "agentrl_jax.sft.trainer",
     "rl": "agentrl_jax.rl.trainer",
     "eval": "agentrl_jax.evaluation.runner",
+    "eval_embedded": "agentrl_jax.pipeline.fresh_eval",
     "collect": "agentrl_jax.data.collect",
     "filter": "agentrl_jax.rl.filter_prompts",
 }
@@ -60,20 +67,18 @@ def main(argv):
   job = config.get("job")
   if job not in JOBS:
     raise app.UsageError(f"config.job={job!r} is not one of {sorted(JOBS)}")
+  import jax  # no backend has started yet: that happens at the first device query
+
+  if config.get("jax_platforms") and not os.environ.get("JAX_PLATFORMS"):
+    jax.config.update("jax_platforms", config.jax_platforms)
   distributed = distributed_args(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, os.environ)
   if distributed is not None:
-    import jax
-
     jax.distributed.initialize(**distributed)
   if "://" not in workdir:
     os.makedirs(workdir, exist_ok=True)
   logging.getLogger().setLevel(logging.INFO)
-  if job not in ("pipeline", "ablations") and "://" not in workdir:  # those two set up their own console
+  if job not in ("pipeline", "ablations", "eval_embedded") and "://" not in workdir:  # those set up their own console
     # The console keeps the project's lines; third-party INFO (Orbax, absl, TFDS) goes to <workdir>/<job>.log.
-    import jax
-
-    from agentrl_jax.pipeline import console
-
     name = f"{job}.log" if jax.process_index() == 0 else f"{job}.process_{jax.process_index()}.log"
     console.setup_logging(os.path.join(workdir, name), console_level=logging.INFO)
     # Jobs reuse compiled programs across restarts and reruns: the config's cache, else JAX_COMPILATION_CACHE_DIR,

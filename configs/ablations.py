@@ -6,6 +6,12 @@ Arms (each the main job of configs/default.py with one change), for every seed i
   stitched  (a) SFT on the stitched synthetic baseline instead, then the same RL
   clip_sym  (b) symmetric clipping 0.2 / 0.2 (reuses `real`'s data, teacher, SFT and filter stages)
   frequent  (c) the frequent-calling teacher (a call for every problem and every operation)
+Not run by default (--config.arms='("clip_hi_scaled","clip_sym_scaled")', in the same workdir to reuse `real`'s
+stages): (b) with both bounds scaled down to what this miniature's policy moves per rollout batch,
+  clip_hi_scaled  clip 0.05 / 0.07 (the recipe's 0.2 / 0.28 scaled by 1/4)
+  clip_sym_scaled clip 0.05 / 0.05
+Every arm skips the main job's greedy answers (the findings compare avg@k); the stitched and frequent arms also
+skip the RL stage's periodic held-out curve (the clipping arms keep it for their plot).
 Writes WORKDIR/ablations.md, ablations.json and plots; a rerun resumes finished arms and stages.
 Args: :smoke  two arms at the pipeline's smoke size, one seed (tests)
 """
@@ -30,13 +36,17 @@ def get_config(arg=None):
   config = ml_collections.ConfigDict()
   config.job = "ablations"
   config.pipeline = _pipeline("smoke" if arg == "smoke" else None)
-  config.seeds = [0, 1]
-  config.arms = ["real", "stitched", "clip_sym", "frequent"]
+  config.seeds = (0, 1, 2)  # --config.seeds="(0,)" for one
+  config.arms = ("real", "stitched", "clip_sym", "frequent")
+  config.common_overrides = [["eval.greedy", False]]
+  no_curve = ["eval.every_steps", 0]
   config.arm_overrides = ml_collections.ConfigDict(dict(
-      real=[], stitched=[["teacher.source", "stitched"]], clip_sym=[["rl.loss.clip_high", 0.2]],
-      frequent=[["teacher.style", "frequent"]]))
+      real=[], stitched=[["teacher.source", "stitched"], no_curve], clip_sym=[["rl.loss.clip_high", 0.2]],
+      frequent=[["teacher.style", "frequent"], no_curve],
+      clip_hi_scaled=[["rl.loss.clip_low", 0.05], ["rl.loss.clip_high", 0.07]],
+      clip_sym_scaled=[["rl.loss.clip_low", 0.05], ["rl.loss.clip_high", 0.05]]))
   if arg == "smoke":
-    config.seeds = [0]
-    config.arms = ["real", "clip_sym"]
+    config.seeds = (0,)
+    config.arms = ("real", "clip_sym")
   config.lock()
   return config

@@ -25,7 +25,8 @@ def get_config(arg=None):
   config = ml_collections.ConfigDict()
   config.job = "pipeline"
   config.name = "embedded arithmetic demo"
-  config.seed = 0
+  config.seed = 0                    # every seed of the job: the task's splits, teacher, init, sampling, data order
+  config.jax_platforms = "cpu"       # a CPU job (JAX_PLATFORMS wins; "" lets JAX pick, e.g. on a TPU VM)
   config.stages = ["data", "teacher", "sft", "eval_sft", "filter", "rl", "eval_rl"]
   config.data_dir = ""               # TFDS datasets; "" = <workdir>/tfds
   config.compile_cache_dir = ""      # JAX's persistent compilation cache; "" = <workdir>/jax_cache
@@ -35,9 +36,10 @@ def get_config(arg=None):
   config.tokenizer = "embedded"
   config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=1))
 
-  # ---- the task: disjoint held-out / SFT / RL-pool splits of the arithmetic family (agentrl_jax/tasks)
+  # ---- the task: held-out / SFT / RL-pool splits of the arithmetic family (agentrl_jax/tasks), disjoint by
+  # canonical form, drawn with `seed`; the RL curves evaluate the first `curve_problems` held-out problems
   config.task = ml_collections.ConfigDict(dict(
-      seed=0, heldout_problems=128, sft_problems=256, rl_problems=768, curve_problems=32,
+      heldout_problems=512, sft_problems=256, rl_problems=512, curve_problems=64,
       level_weights=[[0, 0.1], [1, 0.2], [2, 0.35], [3, 0.35]]))
   # ---- SFT data: the scripted teacher's code run in the sandbox ("real"), or the stitched baseline
   config.teacher = ml_collections.ConfigDict(dict(source="real", style="deliberative", p_direct=0.5,
@@ -56,7 +58,7 @@ def get_config(arg=None):
                         prompt_bucket_min=32, chunk_len=32, cache_bucket_min=224, extend_rows=None,
                         advertise_tools=False)
   config.tools = base.tools
-  config.tools.update(timeout_s=5.0, memory_mb=512)
+  config.tools.update(timeout_s=5.0, memory_mb=512, max_concurrency=4)  # 4 sandboxes hide each call's latency
   config.reward = base.reward
   config.reward.update(overlong_buffer_tokens=32)
   config.prompt_style = base.prompt_style
@@ -66,15 +68,21 @@ def get_config(arg=None):
                                                  include_min=False, include_max=False))
   # ---- GRPO-TCR
   config.rl = base.rl
-  # 16 prompts x 8 samples per step in 4 mini-batches (later mini-batches are off-policy, so clipping acts);
-  # the sampler's log-probs serve as the old policy's (one forward pass less per step).
+  # 16 prompts x 8 samples per step in mini-batches of 4 prompts (later mini-batches are off-policy, so clipping
+  # acts); the sampler's log-probs serve as the old policy's (one forward pass less per step). Groups whose
+  # samples all scored alike carry no gradient: they are dropped from the update (DAPO's dynamic sampling
+  # without its extra draws), which cheapens the update and keeps their zero-advantage tokens out of the
+  # token mean.
   config.rl.update(n=8, prompts_per_step=16, mini_batch_prompts=4, micro_batch_size=32, total_steps=60,
-                   response_bucket_min=192, logits_chunk_size=0, reuse_sampler_logp=True, pack_len=0)
+                   response_bucket_min=160, logits_chunk_size=0, reuse_sampler_logp=True, pack_len=0,
+                   dynamic_sampling=True, dynamic_sampling_max_extra_rounds=0)
   config.optimizer = base.optimizer
-  config.optimizer.update(learning_rate=1e-4, b2=0.99)
+  # Cosine decay to a tenth over ~the updates a run applies (60 steps x ~3 kept mini-batches; later ones stay at
+  # the floor): the last steps refine instead of jolting the policy, whose final state is what is evaluated.
+  config.optimizer.update(learning_rate=1e-4, b2=0.99, schedule="cosine", total_steps=180, min_lr_ratio=0.1)
   # ---- held-out evaluation: after SFT and after RL on the whole split; during RL on `task.curve_problems`
   # Sampled as in training (T=1, top_p=1; the recipe's validation uses top_p=0.6) plus one greedy answer each.
-  config.eval = ml_collections.ConfigDict(dict(n=4, temperature=1.0, top_p=1.0, top_k=0, ks=[4], every_steps=5,
+  config.eval = ml_collections.ConfigDict(dict(n=4, temperature=1.0, top_p=1.0, top_k=0, ks=[4], every_steps=15,
                                                samples_to_log=8, greedy=True))
   config.checkpoint = ml_collections.ConfigDict(dict(every_steps=5, max_to_keep=2, async_save=False))
   config.log_every_steps = 5
@@ -91,7 +99,7 @@ def get_config(arg=None):
     config.rollout.update(batch_size=16, max_response_len=48, cache_bucket_min=96, max_turns=3)
     config.filter.update(k=2, min_pass_rate=0.0, include_min=True, max_pass_rate=1.0, include_max=True)
     config.rl.update(n=2, prompts_per_step=4, mini_batch_prompts=2, micro_batch_size=4, total_steps=2,
-                     response_bucket_min=64)
+                     response_bucket_min=64, dynamic_sampling=False)  # an untrained policy's groups are all alike
     config.eval.update(n=2, ks=[2], every_steps=1)
     config.checkpoint.every_steps = 1
     config.log_every_steps = 1

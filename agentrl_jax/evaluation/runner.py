@@ -21,6 +21,7 @@ import ml_collections
 
 from agentrl_jax import data, metrics_writer, multihost, rewards
 from agentrl_jax.data.records import PromptRecord
+from agentrl_jax.evaluation import bootstrap
 from agentrl_jax.evaluation import metrics as metrics_lib
 from agentrl_jax.rl import batch as batch_lib
 from agentrl_jax.rollout import engine as engine_lib
@@ -39,8 +40,10 @@ def evaluate(engine: engine_lib.RolloutEngine, params: nnx.State, records: Seque
   `progress` names the progress bar over episodes ("" = none); `leave=False` clears it when done.
 
   Returns:
-    `(metrics, rows)`: metrics as `evaluation.metrics.compute_metrics` names them ('<source>/pass@k', ...) plus
-    'eval/skipped_prompts' and timing; one row per episode (prompt, transcript, prediction, correctness, tool use).
+    `(metrics, rows)`: metrics as `evaluation.metrics.compute_metrics` names them ('<source>/pass@k', ...), the
+    95% bootstrap interval over problems of each avg@k and pass@k ('<source>/avg@k_ci95_lo' and '..._hi'),
+    'eval/skipped_prompts' and timing; one row per episode (prompt, transcript, prediction, its answer key,
+    correctness, tool use: `samples_from_rows` turns them back into `EvalSample`s).
   """
   t0 = time.perf_counter()
   prompts = engine.render(records)
@@ -57,23 +60,47 @@ def evaluate(engine: engine_lib.RolloutEngine, params: nnx.State, records: Seque
   for i, e in enumerate(episodes):
     rec = prompts.records[e.group]
     pred = scored.pred[i]
+    answer_key = rewards.answer_key(rec.data_source, pred, reward_cfg) if pred else None
     samples.append(metrics_lib.EvalSample(
         data_source=rec.data_source, prompt_id=rec.index, acc=bool(scored.acc[i]), score=float(scored.score[i]),
-        answer_key=rewards.answer_key(rec.data_source, pred, reward_cfg) if pred else None,
-        n_tool_calls=e.num_tool_calls, n_tool_ok=e.num_tool_calls - e.num_failed_calls,
+        answer_key=answer_key, n_tool_calls=e.num_tool_calls, n_tool_ok=e.num_tool_calls - e.num_failed_calls,
         response_tokens=e.response_len))
     rows.append({"data_source": rec.data_source, "index": rec.index, "sample": e.sample,
-                 "ground_truth": rec.ground_truth, "pred": pred, "acc": bool(scored.acc[i]),
-                 "score": float(scored.score[i]), "info": scored.info[i], "failure": scored.failure[i],
-                 "num_tool_calls": e.num_tool_calls,
+                 "ground_truth": rec.ground_truth, "pred": pred, "answer_key": answer_key,
+                 "acc": bool(scored.acc[i]), "score": float(scored.score[i]), "info": scored.info[i],
+                 "failure": scored.failure[i], "num_tool_calls": e.num_tool_calls,
                  "num_failed_calls": e.num_failed_calls, "stop_reason": e.stop_reason,
                  "response_tokens": e.response_len, "transcript": e.transcript})
-  out = metrics_lib.compute_metrics(samples, ks=[k for k in ks if k <= n])
+  ks = [k for k in ks if k <= n]
+  out = metrics_lib.compute_metrics(samples, ks=ks)
+  out.update(intervals(samples, ks))
   out["eval/skipped_prompts"] = float(len(prompts.skipped))
   out["eval/infra_failures"] = float(sum(bool(f) for f in scored.failure))  # rewards not computed: counted wrong
   out["eval/wall_s"] = time.perf_counter() - t0
   out["eval/generated_tokens"] = float(stats.generated_tokens)
   return out, rows
+
+
+def intervals(samples: Sequence[metrics_lib.EvalSample], ks: Sequence[int]) -> dict[str, float]:
+  """'<source>/avg@k_ci95_lo' / '_hi' and the same for pass@k: 95% bootstrap intervals over problems."""
+  out = {}
+  for source in sorted({s.data_source for s in samples}):
+    for k in ks:
+      table = bootstrap.problem_table([s for s in samples if s.data_source == source], k)
+      for metric in (f"avg@{k}", f"pass@{k}"):
+        ci = bootstrap.interval(table[metric]) if table.get(metric) else None
+        if ci is not None:
+          out[f"{source}/{metric}_ci95_lo"], out[f"{source}/{metric}_ci95_hi"] = ci
+  return out
+
+
+def samples_from_rows(rows: Sequence[dict]) -> list[metrics_lib.EvalSample]:
+  """The `EvalSample`s of the rows `evaluate` returns (and `run` writes to `eval_rollouts.jsonl`)."""
+  return [metrics_lib.EvalSample(
+      data_source=r["data_source"], prompt_id=r["index"], acc=bool(r["acc"]), score=float(r.get("score", 0.0)),
+      answer_key=r.get("answer_key"), n_tool_calls=int(r["num_tool_calls"]),
+      n_tool_ok=int(r["num_tool_calls"]) - int(r["num_failed_calls"]), response_tokens=int(r["response_tokens"]))
+      for r in rows]
 
 
 @dataclasses.dataclass(frozen=True)

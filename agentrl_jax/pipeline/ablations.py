@@ -8,8 +8,9 @@ seeds, compared in one table (`bash launch/ablations.sh`; `configs/ablations.py`
 
 Every arm is the pipeline job itself (`pipeline.job.run`) in `<workdir>/<arm>-s<seed>/`. Arms of one seed share
 the stages whose inputs are identical (the clipping arm reuses the baseline's data, teacher, SFT, evaluation
-and filter stages through symlinks; every arm shares the data stage), and all arms share one compilation cache.
-Outputs in the workdir: `ablations.md`, `ablations.json` and the comparison plots.
+and filter stages through symlinks; every arm shares the data stage), also with arms an earlier invocation
+finished in the same workdir, and all arms share one compilation cache. Outputs in the workdir: `ablations.md`,
+`ablations.json` and the comparison plots, over every arm finished there for the configured seeds.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import ml_collections
 import numpy as np
 
+from agentrl_jax.pipeline import changes as changes_lib
 from agentrl_jax.pipeline import console, job, stages
 
 log = logging.getLogger(__name__)
@@ -32,6 +35,8 @@ FINDINGS = {
           [("real", "real trajectories"), ("stitched", "stitched")]),
     "b": ("clip-higher vs symmetric clipping", [("real", "clip 0.2 / 0.28"), ("clip_sym", "clip 0.2 / 0.2")]),
     "c": ("deliberative vs frequent tool use", [("real", "deliberative teacher"), ("frequent", "frequent teacher")]),
+    "b-scaled": ("clip-higher vs symmetric clipping, bounds scaled to the miniature",
+                 [("clip_hi_scaled", "clip 0.05 / 0.07"), ("clip_sym_scaled", "clip 0.05 / 0.05")]),
 }
 
 
@@ -78,7 +83,7 @@ def _curve(rows: list[dict], key: str) -> list[list[float]]:
 def _arm_result(workdir: str, summary: dict[str, Any], k: int) -> dict[str, Any]:
   rows = stages.read_jsonl(os.path.join(workdir, "rl", "metrics.jsonl"))
   source = "toy_arith"
-  return {"sft": summary["sft"], "rl": summary["rl"], "wall_s": summary["wall_s"],
+  return {"sft": summary["sft"], "rl": summary["rl"], "delta": summary.get("delta", {}), "wall_s": summary["wall_s"],
           "teacher": summary.get("teacher", {}), "filter": summary.get("filter", {}),
           "curves": {"entropy": _curve(rows, "train/entropy"), "clip_frac_high": _curve(rows, "train/clip_frac_high"),
                      "clip_frac_low": _curve(rows, "train/clip_frac_low"),
@@ -86,44 +91,85 @@ def _arm_result(workdir: str, summary: dict[str, Any], k: int) -> dict[str, Any]
                      "tool_calls": _curve(rows, "response/tool_calls_mean")}}
 
 
-def _stat(values: list[float]) -> dict[str, float]:
-  v = np.asarray([x for x in values if x is not None], np.float64)
-  if not len(v):
-    return {"mean": float("nan"), "min": float("nan"), "max": float("nan"), "n": 0}
-  return {"mean": float(v.mean()), "min": float(v.min()), "max": float(v.max()), "n": int(len(v))}
+def versus(workdir: str, seeds: list[int], k: int) -> dict[str, dict[str, dict]]:
+  """For each finding and seed, the paired change of held-out avg@k after RL from the baseline arm to the other
+  (`pipeline.changes`): `{finding: {seed: {"before": baseline, "after": other, "change", "ci95", ...}}}`; arms
+  that did not run are left out."""
+  out: dict[str, dict[str, dict]] = {}
+  for finding, (_, pair) in FINDINGS.items():
+    (base, _), (other, _) = pair
+    for seed in seeds:
+      dirs = [os.path.join(workdir, f"{arm}-s{seed}", "eval_rl") for arm in (base, other)]
+      if all(os.path.exists(os.path.join(d, changes_lib.ROLLOUTS)) for d in dirs):
+        before, after = (changes_lib.policy_table(d, k) for d in dirs)
+        out.setdefault(finding, {})[str(seed)] = changes_lib.changes(before, after, k)[f"avg@{k}"]
+  return out
 
 
-def _cell(s: dict[str, float], spec: str = "{:.3f}") -> str:
-  if not s["n"]:
+def _num(value, spec: str = "{:.3f}", signed: bool = False) -> str:
+  if value is None:
     return "n/a"
-  if s["n"] == 1:
-    return spec.format(s["mean"])
-  return f"{spec.format(s['mean'])} ({spec.format(s['min'])}-{spec.format(s['max'])})"
+  return ("+" if signed and value >= 0 else "") + spec.format(value)
 
 
-def table(results: dict[str, dict[int, dict]], seeds: list[int], k: int) -> str:
-  """The comparison table in markdown: per finding, per arm, the mean over seeds (min-max)."""
-  metrics = [("sft", f"avg@{k}", f"SFT avg@{k}", "{:.3f}"), ("rl", f"avg@{k}", f"RL avg@{k}", "{:.3f}"),
-             ("rl", f"pass@{k}", f"RL pass@{k}", "{:.3f}"),
-             ("rl", "tool_calls_per_response", "RL calls/resp", "{:.2f}"),
-             ("rl", "tool_success_rate", "RL tool success", "{:.3f}"),
-             ("rl", "response_len_mean", "RL resp. len", "{:.1f}")]
-  lines = [f"Seeds: {', '.join(map(str, seeds))}; cells are means over seeds with (min-max).", ""]
+def _ci(c: dict | None) -> str:
+  if not c or c.get("change") is None:
+    return "n/a"
+  ci = c.get("ci95")
+  interval = "" if not ci else f" [{_num(ci[0], signed=True)}, {_num(ci[1], signed=True)}]"
+  return _num(c["change"], signed=True) + interval
+
+
+def _mean_of(points: list[list[float]]) -> float | None:
+  return float(np.mean([p[1] for p in points])) if points else None
+
+
+def verdict(pairs: dict[str, dict], seeds: list[int]) -> str:
+  """How many seeds' paired intervals put the baseline arm ahead, behind, or cannot tell."""
+  ahead = [s for s in seeds if (pairs.get(str(s)) or {}).get("ci95") and pairs[str(s)]["ci95"][1] < 0]
+  behind = [s for s in seeds if (pairs.get(str(s)) or {}).get("ci95") and pairs[str(s)]["ci95"][0] > 0]
+  unclear = [s for s in seeds if s not in ahead and s not in behind]
+  names = lambda xs: ", ".join(map(str, xs)) or "none"  # noqa: E731
+  return (f"baseline arm ahead (95% CI of the difference below 0) on {len(ahead)} of {len(seeds)} seeds "
+          f"({names(ahead)}); behind on {len(behind)} ({names(behind)}); not separated on {len(unclear)} "
+          f"({names(unclear)})")
+
+
+def table(results: dict[str, dict[int, dict]], seeds: list[int], k: int,
+          pairs: dict[str, dict[str, dict]] | None = None) -> str:
+  """The comparison in markdown: per finding, one row per arm and seed with the held-out RL - SFT change and its
+  paired 95% interval, the arm's difference to the baseline arm after RL (paired over the same held-out
+  problems), tool use, entropy and how often the upper clip bound bound; then the verdict over seeds."""
+  pairs = pairs or {}
+  lines = [f"Seeds: {', '.join(map(str, seeds))}. Intervals: paired 95% bootstrap over the held-out problems.", ""]
   for finding, (title, arms) in FINDINGS.items():
+    if not any(results.get(arm) for arm, _ in arms):
+      continue
+    base_label = arms[0][1]
     lines += [f"### ({finding}) {title}", "",
-              "| arm | " + " | ".join(m[2] for m in metrics) + " | final entropy |",
-              "|---|" + "---|" * (len(metrics) + 1)]
-    for arm, label in arms:
-      runs = [results[arm][s] for s in seeds if s in results.get(arm, {})]
-      cells = [_cell(_stat([r[stage].get(key) for r in runs]), spec) for stage, key, _, spec in metrics]
-      ent = _cell(_stat([r["curves"]["entropy"][-1][1] if r["curves"]["entropy"] else None for r in runs]))
-      lines.append(f"| {label} | " + " | ".join(cells) + f" | {ent} |")
-    lines.append("")
+              f"| arm | seed | SFT avg@{k} | RL avg@{k} | RL - SFT [95% CI] | RL vs {base_label} [95% CI] | "
+              "calls/resp | tool success | resp. len | entropy (last) | upper clip binds (mean frac.) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for j, (arm, label) in enumerate(arms):
+      for seed in seeds:
+        r = results.get(arm, {}).get(seed)
+        if r is None:
+          continue
+        vs = "(baseline)" if j == 0 else _ci(pairs.get(finding, {}).get(str(seed)))
+        ent = r["curves"]["entropy"][-1][1] if r["curves"]["entropy"] else None
+        clip = _mean_of(r["curves"]["clip_frac_high"])
+        lines.append(f"| {label} | {seed} | {_num(r['sft'].get(f'avg@{k}'))} | {_num(r['rl'].get(f'avg@{k}'))} | "
+                     f"{_ci(r.get('delta', {}).get(f'avg@{k}'))} | {vs} | "
+                     f"{_num(r['rl'].get('tool_calls_per_response'), '{:.2f}')} | "
+                     f"{_num(r['rl'].get('tool_success_rate'))} | {_num(r['rl'].get('response_len_mean'), '{:.1f}')} | "
+                     f"{_num(ent)} | {_num(clip, '{:.2e}')} |")
+    lines += ["", f"({finding}) after RL, {verdict(pairs.get(finding, {}), seeds)}.", ""]
   return "\n".join(lines)
 
 
 def plot(results: dict[str, dict[int, dict]], out_dir: str, k: int) -> list[str]:
-  """Entropy and held-out accuracy against the RL step for the clipping arms, and the arms' final accuracy."""
+  """Entropy, held-out accuracy and the upper clip bound's binding fraction against the RL step for the
+  clipping arms, and every arm's held-out avg@k after SFT and RL per seed."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -131,14 +177,17 @@ def plot(results: dict[str, dict[int, dict]], out_dir: str, k: int) -> list[str]
 
   names = []
   fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-  for arm, style in (("real", "-"), ("clip_sym", "--")):
+  styles = {"real": ("-", "0.2/0.28"), "clip_sym": ("--", "0.2/0.2"), "clip_hi_scaled": ("-.", "0.05/0.07"),
+            "clip_sym_scaled": (":", "0.05/0.05")}
+  for arm, (style, bounds) in styles.items():
     for seed, r in sorted(results.get(arm, {}).items()):
-      label = f"{'clip 0.28' if arm == 'real' else 'clip 0.2'} s{seed}"
+      label = f"clip {bounds} s{seed}"
       for ax, key in zip(axes, ("entropy", "heldout_avg", "clip_frac_high")):
         pts = r["curves"][key]
         if pts:
-          ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
-  for ax, title in zip(axes, ("policy entropy", "held-out avg@k (curve subset)", "clip fraction (high)")):
+          ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=f"C{seed}", label=label)
+  titles = ("policy entropy", "held-out avg@k (curve subset)", "upper clip bound binds (token frac.)")
+  for ax, title in zip(axes, titles):
     ax.set_title(title)
     ax.set_xlabel("RL step")
     ax.grid(alpha=0.3)
@@ -148,14 +197,19 @@ def plot(results: dict[str, dict[int, dict]], out_dir: str, k: int) -> list[str]
   plt.close(fig)
   names.append("clip_higher.png")
 
-  fig, ax = plt.subplots(figsize=(7, 3.8))
-  arms = ["real", "stitched", "clip_sym", "frequent"]
-  for j, (stage, label) in enumerate((("sft", "after SFT"), ("rl", "after RL"))):
-    means = [np.mean([r[stage].get(f"avg@{k}") or 0 for r in results.get(a, {}).values()] or [0]) for a in arms]
-    ax.bar(np.arange(len(arms)) + 0.38 * j, means, width=0.38, label=label)
-  ax.set_xticks(np.arange(len(arms)) + 0.19, arms)
+  fig, ax = plt.subplots(figsize=(8, 3.8))
+  arms = [a for a in ("real", "stitched", "clip_sym", "frequent", "clip_hi_scaled", "clip_sym_scaled")
+          if a in results]
+  seeds = sorted({s for a in arms for s in results[a]})
+  width = 0.8 / max(2 * len(seeds), 1)
+  for i, seed in enumerate(seeds):
+    for j, stage in enumerate(("sft", "rl")):
+      vals = [results[a].get(seed, {}).get(stage, {}).get(f"avg@{k}") or 0 for a in arms]
+      ax.bar(np.arange(len(arms)) + width * (2 * i + j), vals, width=width, color=f"C{i}", alpha=0.45 + 0.45 * j,
+             label=f"s{seed} {'RL' if j else 'SFT'}")
+  ax.set_xticks(np.arange(len(arms)) + 0.4 - width / 2, arms)
   ax.set_ylabel("held-out avg@k")
-  ax.legend()
+  ax.legend(fontsize=7, ncol=max(len(seeds), 1))
   ax.grid(alpha=0.3, axis="y")
   fig.tight_layout()
   fig.savefig(os.path.join(out_dir, "arms.png"), dpi=90)
@@ -166,30 +220,47 @@ def plot(results: dict[str, dict[int, dict]], out_dir: str, k: int) -> list[str]
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs every arm for every seed (resuming finished ones), then writes the table, JSON and plots."""
+  t0 = time.perf_counter()
   console.setup_logging(os.path.join(workdir, "ablations.log"))
   cache_dir = os.path.join(workdir, "jax_cache")
   base = config.pipeline
   k = max(base.eval.ks)
-  results: dict[str, dict[int, dict]] = {}
+  arms = dict(config.arm_overrides)
+
+  def arm_cfg(arm, seed):
+    overrides = {key: value for key, value in [*config.common_overrides, *arms[arm]]}
+    return arm_config(base, overrides, seed, cache_dir), overrides
+
   for seed in config.seeds:
-    done: list[tuple[ml_collections.ConfigDict, str]] = []
+    # Arms finished earlier in this workdir (another invocation) share their stages too.
+    done = [(arm_cfg(a, seed)[0], os.path.join(workdir, f"{a}-s{seed}")) for a in arms
+            if a not in config.arms and os.path.isdir(os.path.join(workdir, f"{a}-s{seed}"))]
     for arm in config.arms:
-      overrides = {key: value for key, value in config.arm_overrides[arm]}
-      cfg = arm_config(base, overrides, seed, cache_dir)
+      cfg, overrides = arm_cfg(arm, seed)
       arm_dir = os.path.join(workdir, f"{arm}-s{seed}")
       _share_stages(cfg, arm_dir, done)
       console.say(f"\n=== ablations: arm {arm!r} seed {seed} ({overrides or 'baseline'}) -> {arm_dir}")
-      summary = job.run(cfg, arm_dir)
+      job.run(cfg, arm_dir)
       console.setup_logging(os.path.join(workdir, "ablations.log"))  # job.run pointed logging at the arm's log
-      results.setdefault(arm, {})[seed] = _arm_result(arm_dir, summary, k)
       done.append((cfg, arm_dir))
-  text = table(results, list(config.seeds), k)
+  # The table covers every arm finished in this workdir for these seeds, whichever invocation ran it.
+  results: dict[str, dict[int, dict]] = {}
+  for arm in arms:
+    for seed in config.seeds:
+      path = os.path.join(workdir, f"{arm}-s{seed}", "summary.json")
+      if os.path.exists(path):
+        with open(path) as f:
+          results.setdefault(arm, {})[seed] = _arm_result(os.path.dirname(path), json.load(f), k)
+  seeds = list(config.seeds)
+  pairs = versus(workdir, seeds, k)
+  text = table(results, seeds, k, pairs)
   plots = plot(results, workdir, k)
-  out = {"seeds": list(config.seeds), "arms": {a: {k_: v for k_, v in config.arm_overrides[a]} for a in config.arms},
-         "results": {a: {str(s): r for s, r in v.items()} for a, v in results.items()}, "plots": plots}
+  out = {"seeds": seeds, "arms": {a: {k_: v for k_, v in arms[a]} for a in results},
+         "results": {a: {str(s): r for s, r in v.items()} for a, v in results.items()}, "versus_baseline": pairs,
+         "wall_s": time.perf_counter() - t0, "plots": plots}
   with open(os.path.join(workdir, "ablations.json"), "w") as f:
     json.dump(out, f, indent=1, default=float)
   with open(os.path.join(workdir, "ablations.md"), "w") as f:
     f.write("# Findings in miniature\n\n" + text + "\n" + "".join(f"![{p}]({p})\n" for p in plots))
-  console.say("\n" + text)
+  console.say("\n" + text + f"\nablations: {time.perf_counter() - t0:.0f} s in this process")
   return out

@@ -1,18 +1,39 @@
 """What a pipeline run shows its user, and what it keeps in its log file.
 
 The console gets progress bars, one line per stage (what it did, its wall and compile seconds) and the final
-report. Everything logged (the project's INFO lines and every third-party log: Orbax, absl, TFDS, backend
-probing, Python warnings) goes to `<workdir>/pipeline.log`; the project's own warnings also reach the console.
+report. Everything logged (the project's INFO lines and every third-party log: Orbax, absl, TFDS, transformers,
+backend probing, Python warnings) goes to `<workdir>/pipeline.log`; the project's own warnings also reach the
+console.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import sys
 import time
 
 _FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
+_EARLY: list[str] = []  # what third-party imports printed before the log file existed
+
+
+def capture_import_noise() -> None:
+  """Imports transformers with its import-time notices (e.g. "PyTorch was not found", which it prints on a
+  machine without torch) captured instead of printed, and hands its logging to the root logger, so that those
+  notices and every later transformers record go to the job's log file (`setup_logging`), not the console."""
+  if "transformers" in sys.modules:
+    return
+  buffer = io.StringIO()
+  with contextlib.redirect_stderr(buffer):
+    try:
+      from transformers.utils import logging as hf_logging
+    except ImportError:
+      return
+    hf_logging.disable_default_handler()  # its stderr handler was bound to `buffer`
+    hf_logging.enable_propagation()
+  _EARLY.extend(line for line in buffer.getvalue().splitlines() if line.strip())
 
 
 class _ProjectRecords(logging.Filter):
@@ -48,6 +69,8 @@ def setup_logging(log_path: str, console_level: int = logging.WARNING) -> loggin
   root.addHandler(console)
   root.setLevel(logging.INFO)
   logging.captureWarnings(True)
+  for line in _EARLY:  # warnings when printed (transformers' own logger level keeps them at WARNING)
+    logging.getLogger("transformers").warning("at import: %s", line)
   return file_handler
 
 

@@ -1,12 +1,18 @@
 """The pipeline's report: `summary.json`, `report.md`, the before/after table, and the RL curves as PNG plots.
 
     summary = {"sft": {"avg@4": ..., "pass@4": ..., "maj@4": ..., "tool_calls_per_response": ...,
-                       "tool_success_rate": ..., "response_len_mean": ...},
-               "rl": {...the same keys...}, "delta": {...rl - sft...},
+                       "tool_success_rate": ..., "response_len_mean": ..., "greedy@1": ...},
+               "rl": {...the same keys...},
+               "delta": {"avg@4": {"before": ..., "after": ..., "change": ..., "ci95": [lo, hi], "problems": n},
+                         ...every key...},
+               "ci95": {"sft": {"avg@4": [lo, hi], ...}, "rl": {...}},
+               "by_level": {"0": {...avg@4 of the level's problems, as in delta...}, "1": ..., ...},
                "stages": {"<stage>": {"wall_s": ..., "compile_s": ..., "compiled_programs": ..., ...}, ...},
                "wall_s": ..., "plots": ["rl_curves.png", ...], ...}
 
-Accuracies are fractions in [0, 1]; `tool_success_rate` is null when no tool was called.
+Accuracies are fractions in [0, 1]; `tool_success_rate` is null when no tool was called. Intervals are 95%
+percentile bootstrap intervals over the held-out problems (`evaluation.bootstrap`); a change's interval is
+paired: both policies' values on the same resampled problems (`pipeline.changes`).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 
 import ml_collections
 
+from agentrl_jax.pipeline import changes as changes_lib
 from agentrl_jax.pipeline import stages
 
 # (file stem, title, [(metrics.jsonl key, label)]) for each plot against the RL step.
@@ -32,10 +39,6 @@ CURVES = (
     ("tool_calls", "tool calls per response", [("response/tool_calls_mean", "calls / response")]),
     ("response_length", "response length (tokens)", [("response/length_mean", "mean")]),
 )
-ROWS = (("avg@{k}", "avg@{k}", "{:.3f}"), ("pass@{k}", "pass@{k} (unbiased)", "{:.3f}"),
-        ("maj@{k}", "maj@{k}", "{:.3f}"), ("tool_calls_per_response", "tool calls / response", "{:.2f}"),
-        ("tool_success_rate", "tool success rate", "{:.3f}"), ("response_len_mean", "response length (tokens)",
-                                                               "{:.1f}"), ("greedy@1", "greedy accuracy", "{:.3f}"))
 
 
 def stage_line(stage: str, result: dict[str, Any]) -> str:
@@ -68,20 +71,23 @@ def _fmt(value, spec: str) -> str:
 
 
 def table(summary: dict[str, Any]) -> str:
-  """The before/after table on the held-out split, then each stage's wall and compile time."""
+  """The before/after table on the held-out split (each change with its paired 95% interval), avg@k by level,
+  then each stage's wall and compile time."""
   k = summary["k"]
-  lines = [f"held-out split: {summary['heldout_problems']} problems x {k} samples (T={summary['eval_temperature']})",
-           "",
-           f"| {'metric':<26} | {'SFT':>8} | {'RL':>8} | {'change':>8} |",
-           f"|{'-' * 28}|{'-' * 10}|{'-' * 10}|{'-' * 10}|"]
-  for key, label, spec in ROWS:
-    key, label = key.format(k=k), label.format(k=k)
-    if key not in summary["sft"] and key not in summary["rl"]:
+  lines = [f"held-out split: {summary['heldout_problems']} problems x {k} samples (T={summary['eval_temperature']}); "
+           "95% CI: paired bootstrap over problems", ""]
+  delta = summary.get("delta") or {}
+  rows = {}
+  for metric in changes_lib.metric_names(k):
+    a, b = summary["sft"].get(metric), summary["rl"].get(metric)
+    if metric not in summary["sft"] and metric not in summary["rl"]:
       continue
-    a, b = summary["sft"].get(key), summary["rl"].get(key)
-    d = None if a is None or b is None else b - a
-    sign = "" if d is None or d < 0 else "+"
-    lines.append(f"| {label:<26} | {_fmt(a, spec):>8} | {_fmt(b, spec):>8} | {sign + _fmt(d, spec):>8} |")
+    d = delta.get(metric) if isinstance(delta.get(metric), dict) else {}
+    change = d.get("change", None if a is None or b is None else b - a)
+    rows[metric] = {"before": a, "after": b, "change": change, "ci95": d.get("ci95")}
+  lines.append(changes_lib.change_table(rows, k))
+  if summary.get("by_level"):
+    lines += ["", changes_lib.level_table(summary["by_level"], f"avg@{k}")]
   lines += ["", f"| {'stage':<10} | {'wall s':>8} | {'compile s':>9} | {'programs':>8} |",
             f"|{'-' * 12}|{'-' * 10}|{'-' * 11}|{'-' * 10}|"]
   for stage, t in summary["stages"].items():
@@ -111,10 +117,16 @@ def plot_curves(rows: list[dict], out_dir: str, *, source: str, k: int, curve_pr
     fig, ax = plt.subplots(figsize=(5, 3.4))
     for a in (ax, ax_all):
       for key, label in keys:
-        x, y = series(key.format(source=source, k=k))
+        key = key.format(source=source, k=k)
+        x, y = series(key)
         if x:
-          a.plot(x, y, marker="o" if len(x) < 12 else None, markersize=3, label=label.format(k=k))
-      a.set_title(f"{title} ({curve_problems} problems)" if stem == "heldout_accuracy" and curve_problems else title)
+          line, = a.plot(x, y, marker="o" if len(x) < 12 else None, markersize=3, label=label.format(k=k))
+          xl, lo = series(f"{key}_ci95_lo")
+          xh, hi = series(f"{key}_ci95_hi")
+          if xl and xl == xh:  # the evaluation's 95% bootstrap interval over its problems
+            a.fill_between(xl, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
+      a.set_title(f"{title} ({curve_problems} problems, 95% CI)" if stem == "heldout_accuracy" and curve_problems
+                  else title)
       a.set_xlabel("RL step")
       a.grid(alpha=0.3)
       if len(keys) > 1:
@@ -153,6 +165,22 @@ def write_stage_metrics(workdir: str, results: dict[str, Any], timings: dict[str
         writer.write(i + 1, values)
 
 
+def _intervals(workdir: str, results: dict[str, Any], k: int) -> tuple[dict, dict, dict]:
+  """`(delta, ci95, by_level)` of the summary from the evaluation stages' rollouts (empty where a stage did
+  not run)."""
+  tables = {}
+  for name, stage in (("sft", "eval_sft"), ("rl", "eval_rl")):
+    path = os.path.join(stages.stage_dir(workdir, stage), changes_lib.ROLLOUTS)
+    if stage in results and os.path.exists(path):
+      tables[name] = changes_lib.policy_table(stages.stage_dir(workdir, stage), k)
+  ci95 = {name: {m: v["ci95"] for m, v in changes_lib.values(t, k).items()} for name, t in tables.items()}
+  if len(tables) < 2:
+    return {}, ci95, {}
+  delta = changes_lib.changes(tables["sft"], tables["rl"], k)
+  levels = changes_lib.split_levels(results["data"]["splits"][stages.HELDOUT]["path"])
+  return delta, ci95, changes_lib.by_level(tables["sft"], tables["rl"], levels, f"avg@{k}")
+
+
 def write(config: ml_collections.ConfigDict, workdir: str, results: dict[str, Any], timings: dict[str, dict],
           *, wall_s: Callable[[], float]) -> dict[str, Any]:
   """Writes summary.json, report.md, the plots and the per-stage TensorBoard scalars into `workdir`; returns
@@ -161,7 +189,7 @@ def write(config: ml_collections.ConfigDict, workdir: str, results: dict[str, An
   k = max(config.eval.ks)
   sft = results.get("eval_sft", {}).get("metrics", {})
   rl = results.get("eval_rl", {}).get("metrics", {})
-  delta = {key: (rl[key] - sft[key]) for key in sft if sft.get(key) is not None and rl.get(key) is not None}
+  delta, ci95, levels = _intervals(workdir, results, k)
   plots = []
   if "rl" in results and os.path.exists(results["rl"]["metrics"]):
     plots = plot_curves(stages.read_jsonl(results["rl"]["metrics"]), workdir, source="toy_arith", k=k,
@@ -169,7 +197,7 @@ def write(config: ml_collections.ConfigDict, workdir: str, results: dict[str, An
   summary = {
       "name": config.name, "seed": config.seed, "k": k, "eval_temperature": config.eval.temperature,
       "heldout_problems": results.get("data", {}).get("splits", {}).get(stages.HELDOUT, {}).get("problems", 0),
-      "sft": sft, "rl": rl, "delta": delta,
+      "sft": sft, "rl": rl, "delta": delta, "ci95": ci95, "by_level": levels,
       "teacher": {key: results["teacher"][key] for key in ("source", "conversations", "dropped")
                   if key in results.get("teacher", {})},
       "filter": {key: results["filter"][key] for key in ("prompts", "kept", "band", "pass_rate_mean")

@@ -67,6 +67,11 @@ def _shared(config: ml_collections.ConfigDict, workdir: str, job: str) -> ml_col
   return out
 
 
+def level_weights(pairs) -> dict[int, float]:
+  """`{level: weight}` from a config's `[[level, weight], ...]`."""
+  return {int(level): float(w) for level, w in pairs}
+
+
 def data_dir(config: ml_collections.ConfigDict, workdir: str) -> str:
   """Where every stage's TFDS datasets live (built once by the data stage, reused by the jobs)."""
   return config.data_dir or os.path.join(workdir, "tfds")
@@ -74,14 +79,14 @@ def data_dir(config: ml_collections.ConfigDict, workdir: str) -> str:
 
 # ---------------------------------------------------------------------------------------------------- data
 def run_data(config: ml_collections.ConfigDict, workdir: str, results: dict) -> dict[str, Any]:
-  """Writes the task's splits in the recipe's RL parquet schema and builds each as a TFDS dataset."""
+  """Writes the task's splits (disjoint by canonical form, drawn with the job's seed) in the recipe's RL parquet
+  schema and builds each as a TFDS dataset."""
   del results
   from agentrl_jax import data
 
   task = config.task
   sizes = {HELDOUT: task.heldout_problems, "sft": task.sft_problems, "rl": task.rl_problems}
-  weights = {int(level): float(w) for level, w in task.level_weights}
-  splits = arithmetic.make_splits(sizes, level_weights=weights, seed=task.seed)
+  splits = arithmetic.make_splits(sizes, level_weights=level_weights(task.level_weights), seed=config.seed)
   out_dir = stage_dir(workdir, "data")
   out: dict[str, Any] = {"splits": {}}
   bar = metrics_writer.progress_bar(len(splits), desc="data")
@@ -89,7 +94,7 @@ def run_data(config: ml_collections.ConfigDict, workdir: str, results: dict) -> 
     path = os.path.join(out_dir, f"{name}.parquet")
     arithmetic.write_rl_parquet(path, problems)
     prepared = data.prepare(data.SourceConfig(path=path, schema="rl", data_dir=data_dir(config, workdir)))
-    levels = {str(lv): sum(p.level == lv for p in problems) for lv in arithmetic.LEVELS}
+    levels = {str(lv): n for lv, n in arithmetic.level_counts(problems).items()}
     out["splits"][name] = {"path": path, "problems": prepared.num_examples, "levels": levels}
     bar.update(1)
   bar.close()
@@ -105,18 +110,13 @@ def run_data(config: ml_collections.ConfigDict, workdir: str, results: dict) -> 
 # ---------------------------------------------------------------------------------------------------- teacher
 def run_teacher(config: ml_collections.ConfigDict, workdir: str, results: dict) -> dict[str, Any]:
   """SFT conversations for the SFT split: real teacher trajectories or the stitched baseline."""
-  import pandas as pd
-
   from agentrl_jax import tools
   from agentrl_jax.rollout import engine as engine_lib
   from agentrl_jax.tasks import teacher
 
   t = config.teacher
   out_dir = stage_dir(workdir, "teacher")
-  problems = pd.read_parquet(results["data"]["splits"]["sft"]["path"])
-  problems = [arithmetic.Problem(row["prompt"][0]["content"], row["extra_info"]["expression"],
-                                 row["reward_model"]["ground_truth"], int(row["extra_info"]["level"]))
-              for _, row in problems.iterrows()]
+  problems = arithmetic.read_rl_parquet(results["data"]["splits"]["sft"]["path"])
   if t.source == "stitched":
     return _stitched(config, workdir, problems, out_dir)
   if t.source != "real":
@@ -195,14 +195,26 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, results: dict) -> d
 
 
 # ---------------------------------------------------------------------------------------------------- eval
-def eval_config(config: ml_collections.ConfigDict, workdir: str, results: dict, checkpoint: str) -> ml_collections.ConfigDict:
+def eval_config(config: ml_collections.ConfigDict, workdir: str, path: str, model: ml_collections.ConfigDict,
+                *, greedy: bool = False) -> ml_collections.ConfigDict:
+  """The evaluation job of the problems in `path` with the policy `model` (a `model` block), sampled as
+  `config.eval` says, or one greedy answer per problem."""
   job = _shared(config, workdir, "eval")
-  job.model.checkpoint = checkpoint
+  job.model = model
   ev = config.eval
   job.eval = ml_collections.ConfigDict(dict(
-      sources=[dict(name=HELDOUT, path=results["data"]["splits"][HELDOUT]["path"], schema="rl")],
-      n=ev.n, temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k, ks=list(ev.ks), print_metrics=False))
+      sources=[dict(name=HELDOUT, path=path, schema="rl")], n=ev.n, temperature=ev.temperature, top_p=ev.top_p,
+      top_k=ev.top_k, ks=list(ev.ks), print_metrics=False))
+  if greedy:
+    job.eval.update(n=1, temperature=0.0, ks=[1])
   return job
+
+
+def checkpoint_model(config: ml_collections.ConfigDict, checkpoint: str) -> ml_collections.ConfigDict:
+  """The policy's `model` block reading one of our checkpoints."""
+  block = model_block(config)
+  block.checkpoint = checkpoint
+  return block
 
 
 def heldout_metrics(metrics: dict[str, float], k: int) -> dict[str, float | None]:
@@ -216,30 +228,32 @@ def heldout_metrics(metrics: dict[str, float], k: int) -> dict[str, float | None
   return out
 
 
-def _run_eval(config, workdir, results, stage, checkpoint):
-  """The held-out evaluation as sampled in training (`eval.n` samples at `eval.temperature`), and with
-  `eval.greedy` also one greedy answer per problem (`greedy@1`): whether RL changed what the policy's most
-  likely answer is, beyond sharpening its distribution."""
+def evaluate_policy(config: ml_collections.ConfigDict, workdir: str, out_dir: str, path: str,
+                    model: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The problems of `path` evaluated as sampled in training (`eval.n` samples at `eval.temperature`), and with
+  `eval.greedy` also one greedy answer per problem (`greedy@1`, in `out_dir/greedy`): whether a policy's most
+  likely answer is right, beyond how sharp its distribution is. Rollouts are kept in `out_dir` (the report's
+  intervals are computed from them)."""
   from agentrl_jax.evaluation import runner
 
-  out_dir = stage_dir(workdir, stage)
-  metrics = runner.run(eval_config(config, workdir, results, checkpoint), out_dir)
-  out = {"metrics": heldout_metrics(metrics, max(config.eval.ks)), "all": metrics}
+  metrics = runner.run(eval_config(config, workdir, path, model), out_dir)
+  k = max(config.eval.ks)
+  out = {"metrics": heldout_metrics(metrics, k), "all": metrics}
   if config.eval.greedy:
-    greedy = eval_config(config, workdir, results, checkpoint)
-    greedy.eval.update(n=1, temperature=0.0, ks=[1])
     os.makedirs(os.path.join(out_dir, "greedy"), exist_ok=True)
-    g = runner.run(greedy, os.path.join(out_dir, "greedy"))
+    g = runner.run(eval_config(config, workdir, path, model, greedy=True), os.path.join(out_dir, "greedy"))
     out["metrics"]["greedy@1"] = g.get(f"{arithmetic.DATA_SOURCE}/avg@1")
   return out
 
 
 def run_eval_sft(config, workdir, results):
-  return _run_eval(config, workdir, results, "eval_sft", results["sft"]["checkpoint"])
+  return evaluate_policy(config, workdir, stage_dir(workdir, "eval_sft"), results["data"]["splits"][HELDOUT]["path"],
+                         checkpoint_model(config, results["sft"]["checkpoint"]))
 
 
 def run_eval_rl(config, workdir, results):
-  return _run_eval(config, workdir, results, "eval_rl", results["rl"]["checkpoint"])
+  return evaluate_policy(config, workdir, stage_dir(workdir, "eval_rl"), results["data"]["splits"][HELDOUT]["path"],
+                         checkpoint_model(config, results["rl"]["checkpoint"]))
 
 
 # ---------------------------------------------------------------------------------------------------- filter

@@ -245,10 +245,17 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
       # ---- advantages and the update batch
       # Infrastructure failures carry no signal: out of their group's statistics, the advantages and the loss.
+      # Computed over a full step's episodes (the groups dynamic sampling dropped as invalid padding), so the
+      # advantage ops compile for one shape instead of one per number of kept groups.
       valid = ~sc.infra
-      group_ids = np.repeat(np.arange(len(records)), n)
-      adv = np.asarray(adv_lib.compute_advantages(jnp.asarray(sc.reward), jnp.asarray(group_ids), adv_cfg,
-                                                  valid=jnp.asarray(valid)))
+      rows = max(rl.prompts_per_step, len(records)) * n
+      padded = np.zeros(rows, np.float32)
+      padded[:len(sc.reward)] = sc.reward
+      padded_valid = np.zeros(rows, bool)
+      padded_valid[:len(valid)] = valid
+      adv = np.asarray(adv_lib.compute_advantages(
+          jnp.asarray(padded), jnp.asarray(np.repeat(np.arange(rows // n), n)), adv_cfg,
+          valid=jnp.asarray(padded_valid)))[:len(sc.reward)]
       collated = collate(episodes, pad_id=pad_id, prompt_bucket_min=rollout_cfg.prompt_bucket_min,
                          response_bucket_min=rl.response_bucket_min, batch_multiple=mini_rows)
       full = batch_lib.update_batch(collated, adv, keep=valid)

@@ -40,7 +40,7 @@ STYLES = ("deliberative", "frequent")
 def steps(problem: Problem, style: str) -> list[str]:
   """The expressions the teacher evaluates with the tool, in order (empty: it answers directly).
 
-  deliberative: one call with the whole expression, only where the tool is needed (levels >= 2).
+  deliberative: one call with the whole expression for levels >= 2 (level 1 in `conversation`, by chance).
   frequent: a call for every problem, and one call per operation of a compound expression; later steps use
   the numbers the earlier calls printed, so every intermediate result is read back from the tool.
   """
@@ -56,8 +56,10 @@ def conversation(problem: Problem, executor, rng: random.Random, *, p_direct: fl
                  p_mistake: float = 0.15, style: str = "deliberative") -> dict | None:
   """One SFT conversation `{'messages': [...], 'tools': [TOOL_SCHEMA]}` for `problem`, or None on a tool failure.
 
-  With the deliberative style, level 0 is answered directly, level 1 directly with probability `p_direct`,
-  harder levels call the tool once for the whole expression. The frequent style calls the tool for every
+  With the deliberative style, level 0 is answered directly, harder levels call the tool once for the whole
+  expression, except that an addition (level 1) is answered from the teacher's own arithmetic with probability
+  `p_direct`: exact for the teacher, out of reach of a small student, which has to learn in RL that the tool
+  is needed there. The frequent style calls the tool for every
   problem and once per operation. A call is preceded by a deliberate mistake (a real failing run, then the
   fix) with probability `p_mistake`.
   """

@@ -23,7 +23,7 @@ def test_finished_stage_is_reused_and_a_changed_config_refused(tmp_path, capsys)
   assert "done earlier, reused" in capsys.readouterr().out
   assert json.loads(marker.read_text()) == first
   with pytest.raises(ValueError, match=r"stage 'data' .*differs in task"):
-    job.run(_config(**{"task.seed": 5}), str(tmp_path))
+    job.run(_config(**{"task.heldout_problems": 9}), str(tmp_path))
   # Fields no stage reads (the name, the cache location) do not count as a change.
   renamed = _config(compile_cache_dir=str(tmp_path / "cache"))
   renamed.name = "renamed"
@@ -32,9 +32,9 @@ def test_finished_stage_is_reused_and_a_changed_config_refused(tmp_path, capsys)
 
 def test_interrupted_stage_resumes_only_under_the_same_config(tmp_path):
   (tmp_path / "data").mkdir()
-  inputs = job.stage_inputs(_config(**{"task.seed": 7}), "data")
+  inputs = job.stage_inputs(_config(seed=7), "data")
   (tmp_path / "data" / "stage_config.json").write_text(json.dumps({"inputs": inputs}))
-  with pytest.raises(ValueError, match="differs in task"):
+  with pytest.raises(ValueError, match="differs in seed"):
     job.run(_config(), str(tmp_path))
 
 
@@ -49,15 +49,18 @@ def test_stage_inputs_chain_through_earlier_stages():
   assert job.stage_inputs(base, "rl") != job.stage_inputs(clip, "rl")
 
 
-def test_table_shows_before_after_and_missing_values():
+def test_table_shows_before_after_intervals_and_missing_values():
   summary = {"k": 4, "heldout_problems": 16, "eval_temperature": 1.0, "wall_s": 12.5, "compile_s": 3.0,
              "sft": {"avg@4": 0.25, "pass@4": 0.5, "maj@4": 0.25, "tool_calls_per_response": 1.0,
                      "tool_success_rate": None, "response_len_mean": 40.0},
              "rl": {"avg@4": 0.5, "pass@4": 0.625, "maj@4": 0.5, "tool_calls_per_response": 0.75,
                     "tool_success_rate": 0.9, "response_len_mean": 35.5},
+             "delta": {"avg@4": {"before": 0.25, "after": 0.5, "change": 0.25, "ci95": [0.125, 0.375]}},
+             "by_level": {"2": {"before": 0.0, "after": 0.5, "change": 0.5, "ci95": [0.25, 0.75], "problems": 4}},
              "stages": {"sft": {"wall_s": 10.0, "compile_s": 3.0, "compiled_programs": 4, "reused": True}}}
   text = report.table(summary)
-  assert "| avg@4                      |    0.250 |    0.500 |   +0.250 |" in text
-  assert "| tool calls / response      |     1.00 |     0.75 |    -0.25 |" in text
-  assert "| tool success rate          |      n/a |    0.900 |      n/a |" in text
+  assert "| avg@4                      |    0.250 |    0.500 |   +0.250 |   [+0.125, +0.375] |" in text
+  assert "| tool calls / response      |     1.00 |     0.75 |    -0.25 |                n/a |" in text
+  assert "| tool success rate          |      n/a |    0.900 |      n/a |                n/a |" in text
+  assert "| 2 (mul)            |        4 |    0.000 |    0.500 |   +0.500 |   [+0.250, +0.750] |" in text
   assert "(earlier run)" in text and "| total      |     12.5 |" in text

@@ -22,10 +22,17 @@ METRIC_KEYS = {"avg@2", "pass@2", "maj@2", "tool_calls_per_response", "tool_succ
                "greedy@1"}
 
 
+# As on a machine without torch (a runtime install), where transformers announces that at import.
+_NO_TORCH = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['main'] + sys.argv[1:]; "
+             "runpy.run_module('agentrl_jax.main', run_name='__main__', alter_sys=True)")
+
+
 def _start(workdir, log):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+  # No JAX_PLATFORMS: the config's jax_platforms keeps JAX off the TPU probe (libtpu is installed here).
+  env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
   env.pop("XLA_FLAGS", None)
-  return subprocess.Popen([sys.executable, "-m", "agentrl_jax.main", "--config=configs/default.py:smoke",
+  env.pop("JAX_PLATFORMS", None)
+  return subprocess.Popen([sys.executable, "-c", _NO_TORCH, "--config=configs/default.py:smoke",
                            f"--workdir={workdir}"], cwd=REPO, env=env, stdout=open(log, "w"),
                           stderr=subprocess.STDOUT, text=True)
 
@@ -74,20 +81,32 @@ def test_summary_has_every_key_and_the_table_prints(run):
     assert set(summary[arm]) == METRIC_KEYS, summary[arm]
     for key in ("avg@2", "pass@2", "maj@2", "greedy@1"):
       assert 0.0 <= summary[arm][key] <= 1.0
+      lo, hi = summary["ci95"][arm][key]
+      assert lo <= summary[arm][key] <= hi
     assert summary[arm]["avg@2"] <= summary[arm]["pass@2"]
+  for key in ("avg@2", "pass@2", "maj@2", "greedy@1", "response_len_mean"):
+    d = summary["delta"][key]
+    assert d["problems"] == 8 and d["change"] == pytest.approx(summary["rl"][key] - summary["sft"][key])
+    assert d["ci95"][0] <= d["change"] <= d["ci95"][1]
+  assert sum(level["problems"] for level in summary["by_level"].values()) == 8
   assert set(summary["stages"]) == set(STAGES)
   for t in summary["stages"].values():
     assert {"wall_s", "compile_s", "compiled_programs", "cache_hits"} <= set(t)
   assert summary["wall_s"] > 0 and summary["plots"][0] == "rl_curves.png"
   for plot in summary["plots"]:
     assert (workdir / plot).stat().st_size > 1000
-  assert "| avg@2 " in out and "| pass@2 (unbiased)" in out and "| total " in out
+  assert "| avg@2 " in out and "| pass@2 (unbiased)" in out and "| total " in out and "95% CI of change" in out
   assert (workdir / "report.md").exists()
   for stage in ("sft", "rl"):
     assert any((workdir / stage / "tensorboard").iterdir())
-  # Third-party INFO logs go to the log file, not the console.
-  assert "Downloading and preparing" not in out and "orbax" not in out.lower()
-  assert "Downloading and preparing" in open(workdir / "pipeline.log").read()
+  # Third-party logs go to the log file, not the console: TFDS, Orbax, transformers' import-time notice; and no
+  # TPU backend is probed at all.
+  log = open(workdir / "pipeline.log").read()
+  for noise in ("Downloading and preparing", "PyTorch was not found"):
+    assert noise not in out and noise in log
+  assert "orbax" not in out.lower()
+  for probe in ("backend 'tpu'", "libtpu", "TPU_ACCELERATOR_TYPE", "InitGoogle"):
+    assert probe not in out and probe not in log
 
 
 def _questions(rows):
@@ -121,3 +140,48 @@ def test_smoke_with_the_real_qwen3_vocabulary(tmp_path):
   assert "qwen3-" in meta["model"]["tokenizer_path"]
   sample = json.loads(open(tmp_path / "run" / "sft" / "samples.jsonl").readline())
   assert sample["text"].startswith("<|im_start|>user\n") and "<think>\n\n</think>\n\n" in sample["text"]
+
+
+def test_fresh_problems_exclude_the_run_and_print_the_table(run, tmp_path, capsys):
+  """configs/eval_embedded.py on the smoke run: a fresh set none of whose problems (in any rendering) is in the
+  run's splits, both checkpoints evaluated, the change with its interval printed and written."""
+  from agentrl_jax import testing
+  from agentrl_jax.pipeline import fresh_eval
+  from agentrl_jax.tasks import arithmetic
+
+  workdir, _, _ = run
+  config = testing.load_config("eval_embedded", "smoke", **{"run": str(workdir), "seed": 7,
+                                                            "compile_cache_dir": str(workdir / "jax_cache")})
+  result = fresh_eval.run(config, str(tmp_path))
+  seen = {p.key for split in ("heldout", "sft", "rl") for p in arithmetic.read_rl_parquet(workdir / "data" /
+                                                                                          f"{split}.parquet")}
+  fresh = arithmetic.read_rl_parquet(tmp_path / "fresh.parquet")
+  assert len(fresh) == 6 and not {p.key for p in fresh} & seen
+  assert result["excluded"]["distinct_problems"] == len(seen)
+  for metric in ("avg@2", "greedy@1", "tool_success_rate"):
+    c = result["changes"][metric]
+    assert c["problems"] == 6 and (c["ci95"] is None or c["ci95"][0] <= c["change"] <= c["ci95"][1])
+  out = capsys.readouterr().out
+  assert "| avg@2 " in out and "95% CI of change" in out and "by level" in out
+  assert (tmp_path / "sft" / "eval_rollouts.jsonl").exists() and (tmp_path / "rl" / "greedy").is_dir()
+  with pytest.raises(ValueError, match="neither a run directory"):
+    fresh_eval.excluded_keys([str(tmp_path / "nowhere")])
+
+
+def test_fresh_problems_for_one_exported_hf_policy(run, tmp_path, capsys):
+  """One policy, a HF directory exported from the smoke run: its values with their intervals; the run given as
+  an exclusion only."""
+  from agentrl_jax import checkpoint, testing
+  from agentrl_jax.pipeline import fresh_eval
+
+  workdir, _, _ = run
+  hf = checkpoint.main([str(workdir / "rl" / "checkpoints"), str(tmp_path / "hf")])
+  config = testing.load_config("eval_embedded", "smoke", **{
+      "after": hf, "after_label": "HF", "exclude": str(workdir), "seed": 3,
+      "compile_cache_dir": str(workdir / "jax_cache")})
+  result = fresh_eval.run(config, str(tmp_path / "fresh"))
+  assert set(result["values"]) == {"HF"} and "changes" not in result
+  assert result["excluded"]["sources"] == [str(workdir)] and result["excluded"]["distinct_problems"] == 40
+  v = result["values"]["HF"]["avg@2"]
+  assert v["ci95"][0] <= v["value"] <= v["ci95"][1]
+  assert "|       HF |" in capsys.readouterr().out
