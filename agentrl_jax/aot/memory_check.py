@@ -95,7 +95,7 @@ def check(model: str, slice_name: str) -> Check:
   # The rollout: the trainer's params (read in place) and moments resident, the cache of `rows` full rows.
   rcfg = RolloutConfig(batch_size=rows, max_prompt_len=2560, prompt_bucket_min=2560, max_response_len=20480 - 65,
                        pad_prefill_groups=True, extend_rows=0)
-  tok = qwen_tokenizer.load("qwen2" if model.startswith("qwen2") else "qwen3")
+  tok = qwen_tokenizer.load("qwen2.5" if model.startswith("qwen2") else "qwen3")
   decode = next(q for q in programs_lib.rollout_programs(graphdef, cfg, tok, rcfg, mesh, state.params, n=16,
                                                          kind="rollout", temperature=1.0, top_p=1.0, top_k=0)
                 if q.name.endswith("decode"))
