@@ -125,10 +125,22 @@ class KVCache:
     """Writes `other`'s R rows into row slots `rows` (index >= B drops the row): slots `[0, other.max_len)` of
     each row are replaced, later slots are kept, and the rows' lengths become `other`'s."""
     t = other.max_len
+    rows, other = _two_rows_at_least(rows, other, self.batch)
     k = self.k.at[rows, :, :, :, :t].set(other.k.astype(self.k.dtype), mode="drop")
     v = self.v.at[rows, :, :, :t].set(other.v.astype(self.v.dtype), mode="drop")
     return self.replace(k=sharding.shard(k, K_AXES), v=sharding.shard(v, V_AXES),
                         lengths=self.lengths.at[rows].set(other.lengths, mode="drop"))
+
+
+def _two_rows_at_least(rows, other, batch: int):
+  """A one-row write gets a second row aimed past the end (dropped). XLA turns a one-index scatter into a
+  dynamic-update-slice, which the SPMD partitioner cannot apply to a row-sharded cache without gathering every
+  row onto every device (the TPU compiler's plan for a one-prompt prefill into a 48-row cache over 16 chips:
+  165 GiB per chip instead of 14); a two-index scatter stays one per shard."""
+  if rows.shape[0] != 1:
+    return rows, other
+  rows = jnp.concatenate([rows, jnp.full((1,), batch, rows.dtype)])
+  return rows, jax.tree.map(lambda x: jnp.concatenate([x, x], axis=0), other)
 
 
 def _write_rows(cache: jax.Array, chunk: jax.Array, lengths: jax.Array, layer, put) -> jax.Array:
@@ -250,6 +262,7 @@ class PagedKVCache:
   def put_rows(self, rows: Int[Array, "R"], other: PagedKVCache) -> PagedKVCache:
     """Writes `other`'s R rows into row slots `rows` (index >= B drops the row), as `KVCache.put_rows`."""
     t = other.max_len
+    rows, other = _two_rows_at_least(rows, other, self.batch)
     kv = self.kv.at[rows, :, :t].set(other.kv.astype(self.kv.dtype), mode="drop")
     return self.replace(kv=sharding.shard(kv, PAGED_AXES), lengths=self.lengths.at[rows].set(other.lengths, mode="drop"))
 

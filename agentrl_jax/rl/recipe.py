@@ -63,7 +63,10 @@ def rl_config(**model) -> ml_collections.ConfigDict:
       toy_task="arithmetic", toy_problems=0, toy_levels=[0, 1, 2, 3]))
   config.prompt_style = ml_collections.ConfigDict(dict(extra_rules=[["toy_", "plain"]], default="math_units"))
   config.rollout = ml_collections.ConfigDict(dict(
-      batch_size=256,                # row slots decoded together (a finished episode frees its slot)
+      # Row slots decoded together (a finished episode frees its slot). Each holds the full 23,105-slot KV cache:
+      # 128 rows fit a v5p-16 beside the training state (256 need ~106 GiB a chip of its 95); on a larger slice
+      # raise it to what `python -m agentrl_jax.aot --topology=...` says fits.
+      batch_size=128,
       max_turns=16, max_response_len=20480, max_prompt_len=2560,
       max_tool_output_chars=2048,    # the reference keeps 256 characters, which hides most tracebacks
       max_calls_per_turn=1,

@@ -23,9 +23,9 @@ def _check_budget(report):
 
 
 def test_demystify_qwen3_4b_compiles_fits_and_meets_the_budget():
-  # 128 rollout rows of the recipe's full context fit a v5p-16 next to the training state (256 do not:
+  # The recipe's 128 rollout rows of the full context fit a v5p-16 next to the training state (256 do not:
   # `python -m agentrl_jax.aot` says so and names the rows that fit).
-  report = aot.compile_all(testing.load_config("demystify_qwen3_4b", **{"rollout.batch_size": 128}), TOPOLOGY)
+  report = aot.compile_all(testing.load_config("demystify_qwen3_4b"), TOPOLOGY)
   names = [r["program"] for r in report["programs"]]
   assert names == ["rl/update", "rl/logprobs", "rollout/init", "rollout/prefill", "rollout/extend", "rollout/decode",
                    "eval/init", "eval/prefill", "eval/extend", "eval/decode"]
