@@ -50,6 +50,7 @@ class Program:
     scale_bytes: per device, the bytes that grow with `scale` (analytic: the KV cache, or one micro-batch's
       activations), for the hint of what fits when the compiler cannot place the program at all.
     fixed_bytes: per device, what a rollout program holds whatever its rows (the parameters it reads).
+    step: `scale` moves in multiples of this (its rows are split over this many row shards of the mesh).
   """
 
   name: str
@@ -61,6 +62,12 @@ class Program:
   scale: tuple[str, int] | None = None
   scale_bytes: float = 0.0
   fixed_bytes: float = 0.0
+  step: int = 1
+
+
+def row_shards(mesh) -> int:
+  """How many ways a batch's rows are split over `mesh` (its data and fsdp axes)."""
+  return int(mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1))
 
 
 @dataclasses.dataclass
@@ -182,11 +189,11 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
     fl, hb = train_work(cfg, rows, seq, backward=True)
     act = _micro_activation_bytes(cfg, mesh, rl.micro_batch_size, seq)
     programs.append(Program("rl/update", shape, _lowering(update, mesh, state, batch, rng), fl, hb, mesh.size,
-                            ("micro-batch rows", rl.micro_batch_size), act))
+                            ("micro-batch rows", rl.micro_batch_size), act, step=row_shards(mesh)))
     if not rl.reuse_sampler_logp or loss_cfg.needs_reference:
       fl, hb = train_work(cfg, rows, seq, backward=False)
       programs.append(Program("rl/logprobs", shape, _lowering(logprobs, mesh, state.params, scoring), fl, hb,
-                              mesh.size, ("micro-batch rows", rl.micro_batch_size), act / 4))
+                              mesh.size, ("micro-batch rows", rl.micro_batch_size), act / 4, step=row_shards(mesh)))
   if loss_cfg.needs_reference:
     notes.append("the reference model's scoring pass is the policy's logprobs program (same shapes and layout)")
   rcfg = engine_lib.rollout_config(config.rollout)
@@ -266,6 +273,7 @@ def rollout_programs(graphdef, cfg: ModelConfig, tokenizer, rcfg, mesh: jax.shar
                        cache(c0) + cache(c1)))
   for p in out:
     p.fixed_bytes = 0.0 if p.name.endswith(("/init", "/grow")) else fixed
+    p.step = row_shards(mesh)
   return out
 
 
@@ -296,7 +304,7 @@ def sft_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Pla
              for f in packing.FIELDS}
     fl, hb = train_work(cfg, num_rows, seq, backward=True)
     programs.append(Program("sft/step", f"rows={num_rows} T={seq}", _lowering(train_step, mesh, state, batch, rng),
-                            fl, hb, mesh.size, ("micro-batch rows", r)))
+                            fl, hb, mesh.size, ("micro-batch rows", r), step=row_shards(mesh)))
   return Plan(programs, cfg, source, [])
 
 

@@ -68,14 +68,19 @@ class CompiledProgram:
 
 
 def _fit_hint(p: programs_lib.Program, need: float, limit: float, scalable: float) -> str:
-  """The largest value of the program's scale knob that fits, assuming `scalable` bytes grow with it."""
+  """The largest value of the program's scale knob that fits (in whole multiples of its row shards), assuming
+  `scalable` bytes grow with it."""
   if p.scale is None or scalable <= 0:
     return ""
   name, value = p.scale
   fixed = need - scalable
   if fixed >= limit:
     return f"does not fit even at {name}=0 ({fixed / GIB:.1f} GiB needed without them)"
-  fit = int(value * (limit - fixed) / scalable)
+  fit = int(value * (limit - fixed) / scalable) // p.step * p.step
+  if fit < p.step:
+    return (f"does not fit even at {p.step} {name}, one per row shard ({scalable / GIB * p.step / value:.1f} GiB "
+            f"each of {limit / GIB:.1f} GiB a chip): shorter rows (rl.pack_len, rollout.max_response_len) or a "
+            "larger slice")
   return f"largest {name} that fit: about {fit} (now {value}; {scalable / GIB:.1f} GiB of {need / GIB:.1f} scale with it)"
 
 
