@@ -25,6 +25,7 @@ import time
 import jax
 
 from agentrl_jax import compile_stats
+from agentrl_jax.aot import profile as profile_lib
 from agentrl_jax.aot import programs as programs_lib
 from agentrl_jax.aot import target as target_lib
 
@@ -62,6 +63,7 @@ class CompiledProgram:
   same_as: str = ""
   error: str = ""
   fit_hint: str = ""
+  compile_phases: list = dataclasses.field(default_factory=list)  # with profile=True: [(phase, wall s)]
 
   def row(self) -> dict:
     return dataclasses.asdict(self)
@@ -84,8 +86,10 @@ def _fit_hint(p: programs_lib.Program, need: float, limit: float, scalable: floa
   return f"largest {name} that fit: about {fit} (now {value}; {scalable / GIB:.1f} GiB of {need / GIB:.1f} scale with it)"
 
 
-def compile_program(p: programs_lib.Program, t: target_lib.Target, resident: int = 0) -> tuple[CompiledProgram, str]:
-  """Lowers and compiles one program with the TPU compiler; returns its row and its module's fingerprint."""
+def compile_program(p: programs_lib.Program, t: target_lib.Target, resident: int = 0,
+                    profile: bool = False) -> tuple[CompiledProgram, str]:
+  """Lowers and compiles one program with the TPU compiler; returns its row and its module's fingerprint.
+  `profile`: also the compiler's phases by time (`aot.profile`)."""
   c0 = time.process_time()
   lowered = p.lower()
   text = lowered.as_text()
@@ -98,9 +102,13 @@ def compile_program(p: programs_lib.Program, t: target_lib.Target, resident: int
   base = dict(program=p.name, shape=p.shape, lower_cpu_s=round(c1 - c0, 2), hbm_limit_gib=round(limit / GIB, 2),
               resident_gib=round(resident / GIB, 3), est_flops=flops_dev, est_hbm_bytes=bytes_dev,
               est_step_s=est, est_bound=bound)
+  phases = []
   try:
     with compile_stats.persistent_cache_off():
-      compiled = lowered.compile()
+      if profile:
+        compiled, phases = profile_lib.profile_compile(lowered)
+      else:
+        compiled = lowered.compile()
   except Exception as e:  # pylint: disable=broad-except  # the compiler's out-of-memory verdict is a result
     c2 = time.process_time()
     m = _OOM.search(str(e))
@@ -123,7 +131,7 @@ def compile_program(p: programs_lib.Program, t: target_lib.Target, resident: int
       argument_gib=round(mem.argument_size_in_bytes / GIB, 3), output_gib=round(mem.output_size_in_bytes / GIB, 3),
       temp_gib=round(mem.temp_size_in_bytes / GIB, 3), alias_gib=round(mem.alias_size_in_bytes / GIB, 3),
       hbm_gib=round(need / GIB, 3), fits=need <= limit, xla_flops=cost.get("flops"),
-      xla_bytes_accessed=cost.get("bytes accessed"))
+      xla_bytes_accessed=cost.get("bytes accessed"), compile_phases=phases)
   if not row.fits:
     row.fit_hint = _fit_hint(p, need, limit, _scalable(p, need, resident, mem.temp_size_in_bytes))
   return row, fingerprint
@@ -144,21 +152,22 @@ def _scalable(p: programs_lib.Program, need: float, resident: float, temp_bytes:
   return need - resident - p.fixed_bytes if p.scale[0] == "rollout rows" else temp_bytes
 
 
-def compile_all(config, topology: str, *, only: tuple[str, ...] = (), progress=None) -> dict:
+def compile_all(config, topology: str, *, only: tuple[str, ...] = (), progress=None, profile: bool = False) -> dict:
   """Compiles every program of `config` for `topology`; returns the report (the JSON object above).
 
   Args:
     only: compile only programs whose name contains one of these strings (e.g. ("update", "decode")).
     progress: called with each finished row (the CLI prints it).
+    profile: record each program's compiler phases by time (`compile_phases`).
   """
   t = target_lib.target(topology)
   # Every program is compiled for real: the persistent cache would hide the cost measured (and cannot load a
   # program for devices this process does not have).
   with compile_stats.persistent_cache_off():
-    return _compile_all(config, t, topology, only, progress)
+    return _compile_all(config, t, topology, only, progress, profile)
 
 
-def _compile_all(config, t: target_lib.Target, topology: str, only, progress) -> dict:
+def _compile_all(config, t: target_lib.Target, topology: str, only, progress, profile: bool) -> dict:
   plan = programs_lib.for_config(config, t)
   resident = plan.resident
   rows, seen = [], {}
@@ -166,7 +175,7 @@ def _compile_all(config, t: target_lib.Target, topology: str, only, progress) ->
     if only and not any(o in p.name for o in only):
       continue
     res = resident if p.name.startswith(("rollout/", "eval/")) else 0
-    row, fingerprint = compile_program(p, t, res)
+    row, fingerprint = compile_program(p, t, res, profile)
     if fingerprint in seen:
       row.same_as = seen[fingerprint]
       row.compile_cpu_s = 0.0
@@ -213,6 +222,8 @@ def format_table(report: dict) -> str:
     lines.append(" | ".join(cells) + (f"  (= {r['same_as']})" if r["same_as"] else ""))
     if r["fit_hint"]:
       lines.append(f"    ^ needs {r['hbm_gib']:.2f} GiB of {r['hbm_limit_gib']:.1f}: {r['fit_hint']}")
+    if r["compile_phases"]:
+      lines.append("    compiler phases (wall s, nested): " + ", ".join(f"{k} {v:.1f}" for k, v in r["compile_phases"]))
   lines.append(f"total compile: {report['total_compile_cpu_s']:.1f} CPU s for {len(report['programs'])} programs "
                f"({sum(1 for r in report['programs'] if not r['same_as'])} distinct). est. s: roofline estimate of "
                "one call from data-sheet peak FLOP/s and HBM bandwidth (a decode row: one segment of steps).")
@@ -224,11 +235,11 @@ def format_table(report: dict) -> str:
 # Command line
 # ------------------------------------------------------------------------------------------------------------
 
-def main(config, topology: str, *, as_json: bool = False, only=()) -> int:
+def main(config, topology: str, *, as_json: bool = False, only=(), profile: bool = False) -> int:
   """Runs the pre-flight; prints the table (or JSON); returns the exit code (1 when a program does not fit)."""
   show = (lambda r: print(f"  compiled {r.program} {r.shape}: {r.compile_cpu_s:.1f} CPU s, {r.hbm_gib:.2f} GiB",
                           file=sys.stderr, flush=True))
-  report = compile_all(config, topology, only=tuple(only), progress=show)
+  report = compile_all(config, topology, only=tuple(only), progress=show, profile=profile)
   print(json.dumps(report) if as_json else format_table(report))
   bad = [r for r in report["programs"] if not r["fits"]]
   for r in bad:

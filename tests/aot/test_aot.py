@@ -88,3 +88,10 @@ def test_prefilled_rows_are_written_where_they_live(prompts):
                                                jax.ShapeDtypeStruct((), jnp.bfloat16)).lower().compile().memory_analysis()
   share = big.kv.size * big.kv.dtype.itemsize / 4
   assert mem.temp_size_in_bytes < 0.05 * share, (mem.temp_size_in_bytes, share)
+
+
+def test_profile_lists_the_compilers_phases():
+  report = aot.compile_all(_tiny_rl(), "v5e:2x2", only=("rollout/decode",), profile=True)
+  phases = dict(report["programs"][0]["compile_phases"])
+  assert "TpuCompiler::Compile" in phases and phases["TpuCompiler::Compile"] > 0
+  assert any(k.startswith("XLA::TPU") for k in phases), phases
