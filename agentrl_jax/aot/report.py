@@ -81,8 +81,8 @@ def _fit_hint(p: programs_lib.Program, need: float, limit: float, scalable: floa
   fit = int(value * (limit - fixed) / scalable) // p.step * p.step
   if fit < p.step:
     return (f"does not fit even at {p.step} {name}, one per row shard ({scalable / GIB * p.step / value:.1f} GiB "
-            f"each of {limit / GIB:.1f} GiB a chip): shorter rows (rl.pack_len, rollout.max_response_len) or a "
-            "larger slice")
+            f"each of {limit / GIB:.1f} GiB a chip): shorter rows (the config's sequence length) or a larger "
+            "slice")
   return f"largest {name} that fit: about {fit} (now {value}; {scalable / GIB:.1f} GiB of {need / GIB:.1f} scale with it)"
 
 
