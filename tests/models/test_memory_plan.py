@@ -43,7 +43,9 @@ def test_plan_of_qwen3_4b_on_a_slice():
   assert p.activations_remat < p.activations
   # Rows that fit: a multiple of the 8 batch devices whose cache fills no more than 90% of HBM with the params
   # and moments (resident during rollouts), and 8 rows more would not.
-  per_row, resident = 4096 * 36 * 2 * 8 * 128 * 2 // 8, p.params + p.optimizer
+  per_row, resident = 4096 * 36 * 2 * 8 * 128 * 2 // 8, p.params + p.optimizer + p.decode_working
+  # A decode step's bf16 weights (sharded as the master copy) and the whole bf16 LM head (tied: the embedding).
+  assert p.decode_working == p.params // 2 + cfg.vocab_size * cfg.hidden_size * 2
   assert p.rollout_total == resident + p.kv_cache
   assert p.rollout_rows_fit % 8 == 0 and resident + p.rollout_rows_fit * per_row <= 0.9 * (95 << 30)
   assert resident + (p.rollout_rows_fit + 8) * per_row > 0.9 * (95 << 30)
