@@ -128,6 +128,7 @@ def test_heldout_never_reaches_sft_filter_or_rl(run):
   assert trained and not any(q in t for t in trained for q in heldout)
 
 
+@pytest.mark.slow  # the longest default test (~2 min alone, 4 under load): the same stages as the smoke run above
 def test_smoke_with_the_real_qwen3_vocabulary(tmp_path):
   """Every stage with Qwen3's tokenizer and chat template (151k-token vocabulary, `</tool_call>` = 151658)."""
   from agentrl_jax import testing
