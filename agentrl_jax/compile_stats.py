@@ -105,10 +105,15 @@ def persistent_cache_off():
   """Compiles for another machine (a TPU topology from this host) bypass the persistent cache: its entries
   cannot be loaded without that machine's client, and reading one only warns."""
   import jax
+  from jax.experimental.compilation_cache import compilation_cache
 
+  # JAX decides once per process whether the cache is used; resetting it makes the flag count again (on the
+  # way in, and on the way out for the process's own programs).
   was = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
   try:
     yield
   finally:
     jax.config.update("jax_enable_compilation_cache", was)
+    compilation_cache.reset_cache()
