@@ -10,8 +10,13 @@ Not run by default (--config.arms='("clip_hi_scaled","clip_sym_scaled")', in the
 stages): (b) with both bounds scaled down to what this miniature's policy moves per rollout batch,
   clip_hi_scaled  clip 0.05 / 0.07 (the recipe's 0.2 / 0.28 scaled by 1/4)
   clip_sym_scaled clip 0.05 / 0.05
-Every arm skips the main job's greedy answers (the findings compare avg@k); the stitched and frequent arms also
-skip the RL stage's periodic held-out curve (the clipping arms keep it for their plot).
+or (--config.arms='("clip_hi_ep4","clip_sym_ep4")') with the policy moved further per rollout batch: 4 passes
+over each batch's mini-batches (16 optimizer steps a batch instead of 4),
+  clip_hi_ep4     clip 0.2 / 0.28, 4 epochs a batch
+  clip_sym_ep4    clip 0.2 / 0.2, 4 epochs a batch
+`real` is the main job itself (the same stages as `SEED=N bash launch/local.sh`); the stitched and frequent arms
+skip the greedy answers and the RL stage's periodic held-out curve (the clipping arms keep both, to reuse `real`'s
+evaluation stages).
 Writes WORKDIR/ablations.md, ablations.json and plots; a rerun resumes finished arms and stages.
 Args: :smoke  two arms at the pipeline's smoke size, one seed (tests)
 """
@@ -37,14 +42,21 @@ def get_config(arg=None):
   config.job = "ablations"
   config.pipeline = _pipeline("smoke" if arg == "smoke" else None)
   config.seeds = (0, 1, 2)  # --config.seeds="(0,)" for one
+  # Seeds run side by side, each in a process of its own (its console in WORKDIR/seed<N>.console.txt): one
+  # pipeline process leaves a fifth of 2 cores idle (sandboxes, tokenizer, the Python loop); 1 runs them in turn.
+  config.processes = 3
   config.arms = ("real", "stitched", "clip_sym", "frequent")
-  config.common_overrides = [["eval.greedy", False]]
-  no_curve = ["eval.every_steps", 0]
+  config.common_overrides = []
+  # The arms that share no stage with `real` skip the greedy answers (the findings compare avg@k) and the RL
+  # stage's periodic held-out curve; `real` is the main job itself (`SEED=N bash launch/local.sh` computes the
+  # same), and the clipping arms keep its evaluation settings so that they reuse its stages.
+  own_stages = [["eval.every_steps", 0], ["eval.greedy", False]]
   config.arm_overrides = ml_collections.ConfigDict(dict(
-      real=[], stitched=[["teacher.source", "stitched"], no_curve], clip_sym=[["rl.loss.clip_high", 0.2]],
-      frequent=[["teacher.style", "frequent"], no_curve],
+      real=[], stitched=[["teacher.source", "stitched"], *own_stages], clip_sym=[["rl.loss.clip_high", 0.2]],
+      frequent=[["teacher.style", "frequent"], *own_stages],
       clip_hi_scaled=[["rl.loss.clip_low", 0.05], ["rl.loss.clip_high", 0.07]],
-      clip_sym_scaled=[["rl.loss.clip_low", 0.05], ["rl.loss.clip_high", 0.05]]))
+      clip_sym_scaled=[["rl.loss.clip_low", 0.05], ["rl.loss.clip_high", 0.05]],
+      clip_hi_ep4=[["rl.epochs_per_batch", 4]], clip_sym_ep4=[["rl.epochs_per_batch", 4], ["rl.loss.clip_high", 0.2]]))
   if arg == "smoke":
     config.seeds = (0,)
     config.arms = ("real", "clip_sym")

@@ -73,13 +73,13 @@ def get_config(arg=None):
   # samples all scored alike carry no gradient: they are dropped from the update (DAPO's dynamic sampling
   # without its extra draws), which cheapens the update and keeps their zero-advantage tokens out of the
   # token mean.
-  config.rl.update(n=8, prompts_per_step=16, mini_batch_prompts=4, micro_batch_size=32, total_steps=60,
+  config.rl.update(n=8, prompts_per_step=16, mini_batch_prompts=4, micro_batch_size=32, total_steps=70,
                    response_bucket_min=160, logits_chunk_size=0, reuse_sampler_logp=True, pack_len=0,
                    dynamic_sampling=True, dynamic_sampling_max_extra_rounds=0)
   config.optimizer = base.optimizer
-  # Cosine decay to a tenth over ~the updates a run applies (60 steps x ~3 kept mini-batches; later ones stay at
+  # Cosine decay to a tenth over ~the updates a run applies (70 steps x ~3 kept mini-batches; later ones stay at
   # the floor): the last steps refine instead of jolting the policy, whose final state is what is evaluated.
-  config.optimizer.update(learning_rate=1e-4, b2=0.99, schedule="cosine", total_steps=180, min_lr_ratio=0.1)
+  config.optimizer.update(learning_rate=1e-4, b2=0.99, schedule="cosine", total_steps=210, min_lr_ratio=0.1)
   # ---- held-out evaluation: after SFT and after RL on the whole split; during RL on `task.curve_problems`
   # Sampled as in training (T=1, top_p=1; the recipe's validation uses top_p=0.6) plus one greedy answer each.
   config.eval = ml_collections.ConfigDict(dict(n=4, temperature=1.0, top_p=1.0, top_k=0, ks=[4], every_steps=15,

@@ -37,6 +37,8 @@ FINDINGS = {
     "c": ("deliberative vs frequent tool use", [("real", "deliberative teacher"), ("frequent", "frequent teacher")]),
     "b-scaled": ("clip-higher vs symmetric clipping, bounds scaled to the miniature",
                  [("clip_hi_scaled", "clip 0.05 / 0.07"), ("clip_sym_scaled", "clip 0.05 / 0.05")]),
+    "b-ep4": ("clip-higher vs symmetric clipping, 4 epochs over each rollout batch",
+              [("clip_hi_ep4", "clip 0.2 / 0.28, 4 epochs"), ("clip_sym_ep4", "clip 0.2 / 0.2, 4 epochs")]),
 }
 
 
@@ -87,6 +89,7 @@ def _arm_result(workdir: str, summary: dict[str, Any], k: int) -> dict[str, Any]
           "teacher": summary.get("teacher", {}), "filter": summary.get("filter", {}),
           "curves": {"entropy": _curve(rows, "train/entropy"), "clip_frac_high": _curve(rows, "train/clip_frac_high"),
                      "clip_frac_low": _curve(rows, "train/clip_frac_low"),
+                     "clip_high_reachable": _curve(rows, "train/clip_high_reachable"),
                      "heldout_avg": _curve(rows, f"eval/{source}/avg@{k}"), "reward": _curve(rows, "reward/mean"),
                      "tool_calls": _curve(rows, "response/tool_calls_mean")}}
 
@@ -139,7 +142,8 @@ def table(results: dict[str, dict[int, dict]], seeds: list[int], k: int,
           pairs: dict[str, dict[str, dict]] | None = None) -> str:
   """The comparison in markdown: per finding, one row per arm and seed with the held-out RL - SFT change and its
   paired 95% interval, the arm's difference to the baseline arm after RL (paired over the same held-out
-  problems), tool use, entropy and how often the upper clip bound bound; then the verdict over seeds."""
+  problems), tool use, entropy, how often the upper clip bound bound and on how many tokens it could have (A > 0
+  and old probability below 1 / (1 + clip_high)); then the verdict over seeds."""
   pairs = pairs or {}
   lines = [f"Seeds: {', '.join(map(str, seeds))}. Intervals: paired 95% bootstrap over the held-out problems.", ""]
   for finding, (title, arms) in FINDINGS.items():
@@ -148,8 +152,9 @@ def table(results: dict[str, dict[int, dict]], seeds: list[int], k: int,
     base_label = arms[0][1]
     lines += [f"### ({finding}) {title}", "",
               f"| arm | seed | SFT avg@{k} | RL avg@{k} | RL - SFT [95% CI] | RL vs {base_label} [95% CI] | "
-              "calls/resp | tool success | resp. len | entropy (last) | upper clip binds (mean frac.) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "calls/resp | tool success | resp. len | entropy (last) | upper clip binds (mean frac.) | "
+              "upper clip reachable (mean frac.) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for j, (arm, label) in enumerate(arms):
       for seed in seeds:
         r = results.get(arm, {}).get(seed)
@@ -158,11 +163,12 @@ def table(results: dict[str, dict[int, dict]], seeds: list[int], k: int,
         vs = "(baseline)" if j == 0 else _ci(pairs.get(finding, {}).get(str(seed)))
         ent = r["curves"]["entropy"][-1][1] if r["curves"]["entropy"] else None
         clip = _mean_of(r["curves"]["clip_frac_high"])
+        reach = _mean_of(r["curves"].get("clip_high_reachable", []))
         lines.append(f"| {label} | {seed} | {_num(r['sft'].get(f'avg@{k}'))} | {_num(r['rl'].get(f'avg@{k}'))} | "
                      f"{_ci(r.get('delta', {}).get(f'avg@{k}'))} | {vs} | "
                      f"{_num(r['rl'].get('tool_calls_per_response'), '{:.2f}')} | "
                      f"{_num(r['rl'].get('tool_success_rate'))} | {_num(r['rl'].get('response_len_mean'), '{:.1f}')} | "
-                     f"{_num(ent)} | {_num(clip, '{:.2e}')} |")
+                     f"{_num(ent)} | {_num(clip, '{:.2e}')} | {_num(reach, '{:.2e}')} |")
     lines += ["", f"({finding}) after RL, {verdict(pairs.get(finding, {}), seeds)}.", ""]
   return "\n".join(lines)
 
@@ -178,7 +184,8 @@ def plot(results: dict[str, dict[int, dict]], out_dir: str, k: int) -> list[str]
   names = []
   fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
   styles = {"real": ("-", "0.2/0.28"), "clip_sym": ("--", "0.2/0.2"), "clip_hi_scaled": ("-.", "0.05/0.07"),
-            "clip_sym_scaled": (":", "0.05/0.05")}
+            "clip_sym_scaled": (":", "0.05/0.05"), "clip_hi_ep4": ("-", "0.2/0.28 ep4"),
+            "clip_sym_ep4": ("--", "0.2/0.2 ep4")}
   for arm, (style, bounds) in styles.items():
     for seed, r in sorted(results.get(arm, {}).items()):
       label = f"clip {bounds} s{seed}"
@@ -198,8 +205,8 @@ def plot(results: dict[str, dict[int, dict]], out_dir: str, k: int) -> list[str]
   names.append("clip_higher.png")
 
   fig, ax = plt.subplots(figsize=(8, 3.8))
-  arms = [a for a in ("real", "stitched", "clip_sym", "frequent", "clip_hi_scaled", "clip_sym_scaled")
-          if a in results]
+  arms = [a for a in ("real", "stitched", "clip_sym", "frequent", "clip_hi_scaled", "clip_sym_scaled", "clip_hi_ep4",
+                      "clip_sym_ep4") if a in results]
   seeds = sorted({s for a in arms for s in results[a]})
   width = 0.8 / max(2 * len(seeds), 1)
   for i, seed in enumerate(seeds):
@@ -218,31 +225,76 @@ def plot(results: dict[str, dict[int, dict]], out_dir: str, k: int) -> list[str]
   return names
 
 
+def _run_seed(config: ml_collections.ConfigDict, workdir: str, seed: int) -> None:
+  """Every configured arm of one seed, in order (later arms reuse the stages of earlier ones)."""
+  cache_dir = os.path.join(workdir, "jax_cache")
+  arms = dict(config.arm_overrides)
+
+  def arm_cfg(arm):
+    overrides = {key: value for key, value in [*config.common_overrides, *arms[arm]]}
+    return arm_config(config.pipeline, overrides, seed, cache_dir), overrides
+
+  # Arms finished earlier in this workdir (another invocation) share their stages too.
+  done = [(arm_cfg(a)[0], os.path.join(workdir, f"{a}-s{seed}")) for a in arms
+          if a not in config.arms and os.path.isdir(os.path.join(workdir, f"{a}-s{seed}"))]
+  for arm in config.arms:
+    cfg, overrides = arm_cfg(arm)
+    arm_dir = os.path.join(workdir, f"{arm}-s{seed}")
+    _share_stages(cfg, arm_dir, done)
+    console.say(f"\n=== ablations: arm {arm!r} seed {seed} ({overrides or 'baseline'}) -> {arm_dir}")
+    job.run(cfg, arm_dir)
+    console.setup_logging(os.path.join(workdir, "ablations.log"))  # job.run pointed logging at the arm's log
+    done.append((cfg, arm_dir))
+
+
+def _run_seeds_in_processes(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """One process per seed, `config.processes` at a time. Seeds share no stage, and one pipeline process keeps
+  the 2 cores of the CI machine about 80% busy (its sandboxes, tokenizer and Python loop leave gaps), so running
+  seeds side by side finishes sooner. Each seed's console goes to `<workdir>/seed<N>.console.txt`."""
+  import pickle
+  import subprocess
+  import sys
+
+  path = os.path.join(workdir, "ablations_config.pkl")
+  with open(path, "wb") as f:
+    pickle.dump(config, f)
+  pending, running, failed = list(config.seeds), {}, []
+  while pending or running:
+    while pending and len(running) < config.processes:
+      seed = pending.pop(0)
+      out = os.path.join(workdir, f"seed{seed}.console.txt")
+      with open(out, "ab") as f:
+        running[seed] = (subprocess.Popen([sys.executable, "-m", "agentrl_jax.pipeline.ablations", path, workdir,
+                                           str(seed)], stdout=f, stderr=subprocess.STDOUT), out, time.perf_counter())
+      console.say(f"=== ablations: seed {seed} running in process {running[seed][0].pid} (console: {out})")
+    time.sleep(2.0)
+    for seed, (proc, out, t0) in list(running.items()):
+      if proc.poll() is None:
+        continue
+      del running[seed]
+      if proc.returncode:
+        failed.append(seed)
+        console.say(f"=== ablations: seed {seed} FAILED (exit {proc.returncode}) after {time.perf_counter() - t0:.0f} "
+                    f"s; see {out}")
+      else:
+        console.say(f"=== ablations: seed {seed} finished in {time.perf_counter() - t0:.0f} s")
+  if failed:
+    raise RuntimeError(f"ablations: seeds {failed} failed (their consoles: seed<N>.console.txt in {workdir}); "
+                       "finished arms are kept and a rerun resumes the rest")
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs every arm for every seed (resuming finished ones), then writes the table, JSON and plots."""
   t0 = time.perf_counter()
   console.setup_logging(os.path.join(workdir, "ablations.log"))
-  cache_dir = os.path.join(workdir, "jax_cache")
   base = config.pipeline
   k = max(base.eval.ks)
   arms = dict(config.arm_overrides)
-
-  def arm_cfg(arm, seed):
-    overrides = {key: value for key, value in [*config.common_overrides, *arms[arm]]}
-    return arm_config(base, overrides, seed, cache_dir), overrides
-
-  for seed in config.seeds:
-    # Arms finished earlier in this workdir (another invocation) share their stages too.
-    done = [(arm_cfg(a, seed)[0], os.path.join(workdir, f"{a}-s{seed}")) for a in arms
-            if a not in config.arms and os.path.isdir(os.path.join(workdir, f"{a}-s{seed}"))]
-    for arm in config.arms:
-      cfg, overrides = arm_cfg(arm, seed)
-      arm_dir = os.path.join(workdir, f"{arm}-s{seed}")
-      _share_stages(cfg, arm_dir, done)
-      console.say(f"\n=== ablations: arm {arm!r} seed {seed} ({overrides or 'baseline'}) -> {arm_dir}")
-      job.run(cfg, arm_dir)
-      console.setup_logging(os.path.join(workdir, "ablations.log"))  # job.run pointed logging at the arm's log
-      done.append((cfg, arm_dir))
+  if config.processes > 1 and len(config.seeds) > 1:
+    _run_seeds_in_processes(config, workdir)
+  else:
+    for seed in config.seeds:
+      _run_seed(config, workdir, seed)
   # The table covers every arm finished in this workdir for these seeds, whichever invocation ran it.
   results: dict[str, dict[int, dict]] = {}
   for arm in arms:
@@ -264,3 +316,26 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     f.write("# Findings in miniature\n\n" + text + "\n" + "".join(f"![{p}]({p})\n" for p in plots))
   console.say("\n" + text + f"\nablations: {time.perf_counter() - t0:.0f} s in this process")
   return out
+
+
+
+def _seed_process(argv: list[str]) -> None:
+  """`python -m agentrl_jax.pipeline.ablations CONFIG_PICKLE WORKDIR SEED`: one seed's arms (the process
+  `_run_seeds_in_processes` starts), with the backend and logging set up as `agentrl_jax.main` does."""
+  import pickle
+
+  import jax
+
+  with open(argv[1], "rb") as f:
+    config = pickle.load(f)
+  if config.pipeline.get("jax_platforms") and not os.environ.get("JAX_PLATFORMS"):
+    jax.config.update("jax_platforms", config.pipeline.jax_platforms)
+  logging.getLogger().setLevel(logging.INFO)
+  console.setup_logging(os.path.join(argv[2], "ablations.log"))
+  _run_seed(config, argv[2], int(argv[3]))
+
+
+if __name__ == "__main__":
+  import sys
+
+  _seed_process(sys.argv)

@@ -381,6 +381,8 @@ def grpo_objective(
 
   Returns:
     (loss, metrics) with metrics: loss, pg_loss, clip_frac_high, clip_frac_low, clip_frac_dual, clip_frac,
+    clip_high_reachable (tokens with A > 0 and old probability below 1 / (1 + clip_high): the only ones the
+    upper bound can bind on),
     ppo_kl (k1 estimate of KL(old || current), verl's), approx_kl (k3 estimate of the same), and when given:
     entropy, kl_ref, tis_weight (mean TIS weight).
   """
@@ -399,6 +401,10 @@ def grpo_objective(
       "clip_frac": tok_mean(out.clip_high + out.clip_low),
   }
   m = mask != 0
+  # Where the upper bound can bind at all: a token with A > 0 whose old probability is below 1 / (1 + clip_high)
+  # (a likelier token's ratio cannot pass 1 / p_old <= 1 + clip_high). Clip-higher changes updates only here.
+  reachable = m & (advantages > 0) & (logp_old < -jnp.log1p(cfg.clip_high))
+  metrics["clip_high_reachable"] = tok_mean(reachable.astype(jnp.float32))
   log_ratio = jnp.where(m, logp - logp_old, 0.0)
   metrics["ppo_kl"] = tok_mean(-log_ratio)
   # k3 estimate of KL(pi_old || pi) on pi_old's samples: r - 1 - log r with r = pi / pi_old.

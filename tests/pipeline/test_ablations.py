@@ -14,7 +14,8 @@ def _arm(sft, rl, lo, hi, entropy, clip):
                                                                          "tool_success_rate": 0.95,
                                                                          "response_len_mean": 60.0},
           "delta": {"avg@4": {"change": rl - sft, "ci95": [lo, hi]}},
-          "curves": {"entropy": [[1, 0.2], [2, entropy]], "clip_frac_high": [[1, clip], [2, clip]]}}
+          "curves": {"entropy": [[1, 0.2], [2, entropy]], "clip_frac_high": [[1, clip], [2, clip]],
+                     "clip_high_reachable": [[1, 10 * clip], [2, 30 * clip]]}}
 
 
 def test_table_shows_intervals_differences_and_the_verdict():
@@ -24,7 +25,7 @@ def test_table_shows_intervals_differences_and_the_verdict():
   text = ablations.table(results, [0, 1], 4, pairs)
   assert "| clip 0.2 / 0.28 | 0 | 0.500 | 0.700 | +0.200 [+0.150, +0.250] | (baseline) |" in text
   assert "| clip 0.2 / 0.2 | 0 | 0.500 | 0.600 | +0.100 [+0.050, +0.150] | -0.100 [-0.140, -0.060] |" in text
-  assert "| 0.050 | 0.00e+00 |" in text and "| 0.100 | 1.00e-03 |" in text
+  assert "| 0.050 | 0.00e+00 | 0.00e+00 |" in text and "| 0.100 | 1.00e-03 | 2.00e-02 |" in text
   assert ("(b) after RL, baseline arm ahead (95% CI of the difference below 0) on 1 of 2 seeds (0); behind on 0 "
           "(none); not separated on 1 (1)") in text
 
@@ -41,3 +42,35 @@ def test_ablations_smoke_end_to_end(tmp_path):
   saved = json.loads((tmp_path / "ablations.json").read_text())
   assert saved["results"]["real"]["0"]["delta"]["avg@2"]["ci95"] is not None
   assert "RL - SFT [95% CI]" in (tmp_path / "ablations.md").read_text()
+
+
+def _two_seed_smoke(**fields):
+  config = testing.load_config("ablations", "smoke")
+  with config.unlocked():
+    config.seeds, config.processes = (0, 1), 2
+    for key, value in fields.items():
+      config[key] = value
+  return config
+
+
+def test_a_failing_seed_process_is_named_with_its_console(tmp_path):
+  """Seeds in processes of their own: a seed that fails stops nothing else, and the error names it and where its
+  console went (here every arm names a config field that does not exist, so each child fails at once)."""
+  config = _two_seed_smoke(arms=("broken",))
+  with config.unlocked():
+    config.arm_overrides.broken = [["rl.no_such_field", 1]]
+  with pytest.raises(RuntimeError, match=r"seeds \[0, 1\] failed"):
+    ablations.run(config, str(tmp_path))
+  for seed in (0, 1):
+    console_text = (tmp_path / f"seed{seed}.console.txt").read_text()
+    assert "names no field of the pipeline config" in console_text
+
+
+@pytest.mark.slow
+def test_seeds_in_processes_end_to_end(tmp_path):
+  """Two seeds side by side at the smoke size: each seed's arm runs in its own process and the table covers both."""
+  out = ablations.run(_two_seed_smoke(arms=("real",)), str(tmp_path))
+  assert sorted(out["results"]["real"]) == ["0", "1"]
+  for seed in (0, 1):
+    assert (tmp_path / f"real-s{seed}" / "summary.json").exists()
+    assert "=== ablations: arm 'real' seed" in (tmp_path / f"seed{seed}.console.txt").read_text()

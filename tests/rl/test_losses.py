@@ -338,6 +338,19 @@ def test_kl_estimators_known_values():
 
 # ---------------------------------------------------------------- full objective and gradients
 
+def test_upper_bound_is_reachable_only_below_one_over_one_plus_clip_high():
+  """clip_high_reachable: tokens with A > 0 whose old probability is below 1 / (1 + clip_high) (0.78125 at 0.28),
+  the only ones whose ratio can pass the upper bound; A <= 0 and masked tokens never count."""
+  p_old = jnp.array([[0.5, 0.78, 0.79, 0.99, 0.1, 0.1]])
+  adv = jnp.array([[1.0, 1.0, 1.0, 1.0, -1.0, 1.0]])
+  mask = jnp.array([[1, 1, 1, 1, 1, 0]])
+  _, m = L.grpo_objective(CFG, logp=jnp.log(p_old), logp_old=jnp.log(p_old), advantages=adv, mask=mask)
+  assert float(m["clip_high_reachable"]) == pytest.approx(2 / 5)  # 0.5 and 0.78, of 5 trained tokens
+  _, m = L.grpo_objective(dataclasses.replace(CFG, clip_high=0.2), logp=jnp.log(p_old), logp_old=jnp.log(p_old),
+                          advantages=adv, mask=mask)
+  assert float(m["clip_high_reachable"]) == pytest.approx(3 / 5)  # below 1 / 1.2 = 0.833: 0.79 too
+
+
 def test_objective_metrics_hand_computed():
   logp = jnp.log(jnp.array([[1.5, 0.5, 1.0, 20.0]]))
   logp_old = jnp.zeros((1, 4))
@@ -347,6 +360,7 @@ def test_objective_metrics_hand_computed():
   np.testing.assert_allclose(loss, (-1.28 + 0.8 - 1.0 + 10.0) / 4, rtol=1e-6)
   assert float(m["clip_frac_high"]) == float(m["clip_frac_low"]) == float(m["clip_frac_dual"]) == 0.25
   assert float(m["clip_frac"]) == 0.5
+  assert float(m["clip_high_reachable"]) == 0.0  # both A > 0 tokens had old probability 1: no room to rise
   np.testing.assert_allclose(m["entropy"], 2.5)
   np.testing.assert_allclose(m["ppo_kl"], -float(jnp.mean(logp)), rtol=1e-6)
   r = np.array([1.5, 0.5, 1.0, 20.0])
