@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from typing import Any
 
@@ -247,10 +248,29 @@ def _run_seed(config: ml_collections.ConfigDict, workdir: str, seed: int) -> Non
     done.append((cfg, arm_dir))
 
 
+_PROGRESS = re.compile(r"^(\[\d+/\d+\] |=== |      \S)")  # a seed's stage heads, stage results and arm heads
+
+
+class _ConsoleFollower:
+  """The stage lines of a seed's console file as they appear (progress bars left out), for the user's console."""
+
+  def __init__(self, path: str):
+    self.path, self.offset, self.partial = path, os.path.getsize(path) if os.path.exists(path) else 0, ""
+
+  def new_lines(self) -> list[str]:
+    with open(self.path, "rb") as f:
+      f.seek(self.offset)
+      data = f.read()
+    self.offset += len(data)
+    *lines, self.partial = (self.partial + data.decode("utf-8", "replace")).split("\n")
+    return [line.rsplit("\r", 1)[-1].rstrip() for line in lines if _PROGRESS.match(line.rsplit("\r", 1)[-1])]
+
+
 def _run_seeds_in_processes(config: ml_collections.ConfigDict, workdir: str) -> None:
   """One process per seed, `config.processes` at a time. Seeds share no stage, and one pipeline process keeps
   the 2 cores of the CI machine about 80% busy (its sandboxes, tokenizer and Python loop leave gaps), so running
-  seeds side by side finishes sooner. Each seed's console goes to `<workdir>/seed<N>.console.txt`."""
+  seeds side by side finishes sooner. Each seed's console goes to `<workdir>/seed<N>.console.txt`; its stage
+  lines are echoed here, prefixed with the seed."""
   import pickle
   import subprocess
   import sys
@@ -263,12 +283,16 @@ def _run_seeds_in_processes(config: ml_collections.ConfigDict, workdir: str) -> 
     while pending and len(running) < config.processes:
       seed = pending.pop(0)
       out = os.path.join(workdir, f"seed{seed}.console.txt")
+      follower = _ConsoleFollower(out)
       with open(out, "ab") as f:
-        running[seed] = (subprocess.Popen([sys.executable, "-m", "agentrl_jax.pipeline.ablations", path, workdir,
-                                           str(seed)], stdout=f, stderr=subprocess.STDOUT), out, time.perf_counter())
-      console.say(f"=== ablations: seed {seed} running in process {running[seed][0].pid} (console: {out})")
+        proc = subprocess.Popen([sys.executable, "-m", "agentrl_jax.pipeline.ablations", path, workdir, str(seed)],
+                                stdout=f, stderr=subprocess.STDOUT)
+      running[seed] = (proc, out, time.perf_counter(), follower)
+      console.say(f"=== ablations: seed {seed} running in process {proc.pid} (console: {out})")
     time.sleep(2.0)
-    for seed, (proc, out, t0) in list(running.items()):
+    for seed, (proc, out, t0, follower) in list(running.items()):
+      for line in follower.new_lines():
+        console.say(f"s{seed} | {line.strip()}")
       if proc.poll() is None:
         continue
       del running[seed]

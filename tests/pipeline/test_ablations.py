@@ -74,3 +74,16 @@ def test_seeds_in_processes_end_to_end(tmp_path):
   for seed in (0, 1):
     assert (tmp_path / f"real-s{seed}" / "summary.json").exists()
     assert "=== ablations: arm 'real' seed" in (tmp_path / f"seed{seed}.console.txt").read_text()
+
+
+def test_a_seed_consoles_stage_lines_are_followed_without_progress_bars(tmp_path):
+  path = tmp_path / "seed0.console.txt"
+  path.write_text("old line\n")
+  follower = ablations._ConsoleFollower(str(path))  # starts at the end: a rerun does not repeat the last run
+  with open(path, "a") as f:
+    f.write("pipeline: x\n[6/7] rl: GRPO-TCR\nrl:   5%|#  |\rrl:  10%|## |\r\n      last step: reward 0.5\n"
+            "| table | row |\n=== ablations: arm 'real'\n[7/7] ev")
+  assert follower.new_lines() == ["[6/7] rl: GRPO-TCR", "      last step: reward 0.5", "=== ablations: arm 'real'"]
+  with open(path, "a") as f:
+    f.write("al_rl: evaluate\n")
+  assert follower.new_lines() == ["[7/7] eval_rl: evaluate"]
