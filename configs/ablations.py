@@ -43,7 +43,8 @@ def get_config(arg=None):
   config.pipeline = _pipeline("smoke" if arg == "smoke" else None)
   config.seeds = (0, 1, 2)  # --config.seeds="(0,)" for one
   # Seeds run side by side, each in a process of its own (its console in WORKDIR/seed<N>.console.txt): one
-  # pipeline process leaves a fifth of 2 cores idle (sandboxes, tokenizer, the Python loop); 1 runs them in turn.
+  # pipeline process keeps 1.65 of 2 cores busy (sandboxes, tokenizer, the Python loop leave gaps), three keep 1.92
+  # busy; 1 runs them in turn.
   config.processes = 3
   config.arms = ("real", "stitched", "clip_sym", "frequent")
   config.common_overrides = []

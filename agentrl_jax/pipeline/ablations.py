@@ -268,8 +268,8 @@ class _ConsoleFollower:
 
 def _run_seeds_in_processes(config: ml_collections.ConfigDict, workdir: str) -> None:
   """One process per seed, `config.processes` at a time. Seeds share no stage, and one pipeline process keeps
-  the 2 cores of the CI machine about 80% busy (its sandboxes, tokenizer and Python loop leave gaps), so running
-  seeds side by side finishes sooner. Each seed's console goes to `<workdir>/seed<N>.console.txt`; its stage
+  1.65 of the 2 cores of the CI machine busy on average (its sandboxes, tokenizer and Python loop leave gaps;
+  three keep 1.92 busy), so running seeds side by side finishes sooner. Each seed's console goes to `<workdir>/seed<N>.console.txt`; its stage
   lines are echoed here, prefixed with the seed."""
   import pickle
   import subprocess
