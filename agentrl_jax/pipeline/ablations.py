@@ -263,14 +263,15 @@ class _ConsoleFollower:
       data = f.read()
     self.offset += len(data)
     *lines, self.partial = (self.partial + data.decode("utf-8", "replace")).split("\n")
-    return [line.rsplit("\r", 1)[-1].rstrip() for line in lines if _PROGRESS.match(line.rsplit("\r", 1)[-1])]
+    shown = [line.rsplit("\r", 1)[-1] for line in lines]  # what a terminal shows: the text after the last \r
+    return [line.rstrip() for line in shown if _PROGRESS.match(line)]
 
 
 def _run_seeds_in_processes(config: ml_collections.ConfigDict, workdir: str) -> None:
   """One process per seed, `config.processes` at a time. Seeds share no stage, and one pipeline process keeps
   1.65 of the 2 cores of the CI machine busy on average (its sandboxes, tokenizer and Python loop leave gaps;
-  three keep 1.92 busy), so running seeds side by side finishes sooner. Each seed's console goes to `<workdir>/seed<N>.console.txt`; its stage
-  lines are echoed here, prefixed with the seed."""
+  three keep 1.92 busy), so running seeds side by side finishes sooner. Each seed's console goes to
+  `<workdir>/seed<N>.console.txt`; its stage lines are echoed here, prefixed with the seed."""
   import pickle
   import subprocess
   import sys
@@ -340,7 +341,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     f.write("# Findings in miniature\n\n" + text + "\n" + "".join(f"![{p}]({p})\n" for p in plots))
   console.say("\n" + text + f"\nablations: {time.perf_counter() - t0:.0f} s in this process")
   return out
-
 
 
 def _seed_process(argv: list[str]) -> None:
