@@ -4,14 +4,16 @@ Run:  python -m agentrl_jax.main --config=configs/ablations.py --workdir=runs/ab
 Arms (each the main job of configs/default.py with one change), for every seed in `seeds`:
   real      the default: real end-to-end teacher trajectories, deliberative teacher, clip 0.2 / 0.28
   stitched  (a) SFT on the stitched synthetic baseline instead, then the same RL
-  clip_sym  (b) symmetric clipping 0.2 / 0.2 (reuses `real`'s data, teacher, SFT and filter stages)
+  clip_sym  (b) symmetric clipping 0.2 / 0.2 (reuses `real`'s data, teacher, SFT and filter stages); like the
+            main job it makes two passes over each rollout batch, which moves the policy enough per batch for the
+            upper bound to bind at all (one pass: ~1e-5 of the tokens)
   frequent  (c) the frequent-calling teacher (a call for every problem and every operation)
 Not run by default (--config.arms='("clip_hi_scaled","clip_sym_scaled")', in the same workdir to reuse `real`'s
 stages): (b) with both bounds scaled down to what this miniature's policy moves per rollout batch,
   clip_hi_scaled  clip 0.05 / 0.07 (the recipe's 0.2 / 0.28 scaled by 1/4)
   clip_sym_scaled clip 0.05 / 0.05
 or (--config.arms='("clip_hi_ep4","clip_sym_ep4")') with the policy moved further per rollout batch: 4 passes
-over each batch's mini-batches (16 optimizer steps a batch instead of 4),
+over each batch's mini-batches (16 optimizer steps a batch instead of the main job's 8),
   clip_hi_ep4     clip 0.2 / 0.28, 4 epochs a batch
   clip_sym_ep4    clip 0.2 / 0.2, 4 epochs a batch
 `real` is the main job itself (the same stages as `SEED=N bash launch/local.sh`); the stitched and frequent arms
