@@ -9,7 +9,8 @@ Args: :smoke        every stage at toy size (the test suite runs it; the numbers
 
 The recipe's RL constants (agentrl_jax/rl/recipe.py: token-mean loss, clip 0.2 / 0.28, dual clip, no KL, no
 entropy bonus, GRPO advantages, overlong shaping in tokens, tool-call shaping) are kept; sizes, lengths, the
-learning rate and the batch shape are shrunk to what a tiny model on 2 CPU cores can run.
+learning rate and the batch shape are shrunk to what a tiny model on 2 CPU cores can run, and each rollout batch
+is trained on twice (the recipe: once; see `config.rl` below).
 """
 
 import ml_collections
