@@ -184,16 +184,18 @@ def plot(results: dict[str, dict[int, dict]], out_dir: str, k: int) -> list[str]
 
   names = []
   fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+  # Line style: the bounds; markers: the 4-pass arms (same bounds as the main job's two-pass ones).
   styles = {"real": ("-", "0.2/0.28"), "clip_sym": ("--", "0.2/0.2"), "clip_hi_scaled": ("-.", "0.05/0.07"),
-            "clip_sym_scaled": (":", "0.05/0.05"), "clip_hi_ep4": ("-", "0.2/0.28 ep4"),
-            "clip_sym_ep4": ("--", "0.2/0.2 ep4")}
+            "clip_sym_scaled": (":", "0.05/0.05"), "clip_hi_ep4": ("^-", "0.2/0.28 ep4"),
+            "clip_sym_ep4": ("v--", "0.2/0.2 ep4")}
   for arm, (style, bounds) in styles.items():
     for seed, r in sorted(results.get(arm, {}).items()):
       label = f"clip {bounds} s{seed}"
       for ax, key in zip(axes, ("entropy", "heldout_avg", "clip_frac_high")):
         pts = r["curves"][key]
         if pts:
-          ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=f"C{seed}", label=label)
+          ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=f"C{seed}", label=label, markersize=4,
+                  markevery=max(1, len(pts) // 8))
   titles = ("policy entropy", "held-out avg@k (curve subset)", "upper clip bound binds (token frac.)")
   for ax, title in zip(axes, titles):
     ax.set_title(title)
