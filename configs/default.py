@@ -72,10 +72,10 @@ def get_config(arg=None):
   # 16 prompts x 8 samples per step in mini-batches of 4 prompts, two passes over each step's mini-batches (the
   # recipe makes one): after SFT this tiny policy's entropy is ~0.05 nats/token, and one pass moved it so little
   # that the upper clip bound clipped ~1e-5 of the tokens; two passes make every step's later updates
-  # off-policy enough for clipping to act (~1e-3 of the tokens over the first 20 steps, 3-5e-4 over all 70) and
-  # learn more per rollout (seeds 0 and 2, measured on one machine: RL - SFT +0.148 -> +0.163 and
-  # +0.145 -> +0.181 at 70 steps). The sampler's log-probs serve as the old
-  # policy's (one forward pass less per step). Groups whose samples all scored alike carry no gradient: they
+  # off-policy enough for clipping to act (~1e-3 of the tokens over the first 20 steps, 3-4.5e-4 over all 70)
+  # and learn more per rollout (seeds 0 and 2, measured on one machine: RL - SFT +0.148 -> +0.163 and
+  # +0.145 -> +0.181 at 70 steps). The sampler's log-probs serve as the old policy's (one forward pass less per
+  # step). Groups whose samples all scored alike carry no gradient: they
   # are dropped from the update (DAPO's dynamic sampling without its extra draws), which cheapens the update and
   # keeps their zero-advantage tokens out of the token mean. Episodes (~75 of the 224 tokens a padded row
   # holds) are packed into rows of `pack_len` tokens (verl's use_dynamic_bsz); the update skips the empty
