@@ -100,6 +100,7 @@ class _Row:
   mask: list = dataclasses.field(default_factory=list)
   lp_raw: list = dataclasses.field(default_factory=list)
   lp_sample: list = dataclasses.field(default_factory=list)
+  vers: list = dataclasses.field(default_factory=list)  # policy version that drew each token (-1: tool tokens)
   turns: list = dataclasses.field(default_factory=list)
   turn_start: int = 0
   status: str = "active"  # active | waiting | ready
@@ -108,11 +109,12 @@ class _Row:
   n_failed: int = 0
   n_malformed: int = 0
 
-  def add(self, token, lr, ls):
+  def add(self, token, lr, ls, version: int):
     self.resp.append(int(token))
     self.mask.append(1)
     self.lp_raw.append(float(lr))
     self.lp_sample.append(float(ls))
+    self.vers.append(version)
 
 
 def sampling_config(tokenizer, cfg: RolloutConfig, **kw) -> SamplingConfig:
@@ -168,6 +170,441 @@ def _result_text(result: ExecResult | None, max_chars: int) -> tuple[str, str, f
     return "sandbox_error", "Tool error: no result.", 0.0
   return result.status, format_result(result, max_chars), result.wall_s
 
+class AgentLoop:
+  """The host side of a rollout as a resumable stream of B row slots.
+
+  `run_rollout` drives one to completion for a fixed set of prompts; the asynchronous RL trainer keeps one alive
+  across policy updates (`agentrl_jax/rl/stream.py`): it adds prompt groups as it admits them, calls `step` with
+  the sampler's current params and their policy version, and collects groups as they finish. Every drawn token
+  is stamped with the version of the params of the call that drew it (`Episode.versions`), so an episode whose
+  weights changed mid-way (a partial rollout) says which policy drew each token.
+
+      loop = AgentLoop(sampler, n=8, tokenizer=tok, executor=ex, cfg=cfg, key=key)
+      loop.add(prompt_ids, groups=[0, 1, 2])
+      while loop.busy:
+        loop.step(params, version=v)
+        for group, episodes in loop.pop_finished_groups(): ...
+
+  Scheduling decisions depend only on what the host has read back (tokens, stop reasons, tool results), never on
+  clocks (pause mode), so a run is a deterministic function of its inputs and the sequence of calls.
+  """
+
+  def __init__(self, sampler: Sampler, *, n: int, tokenizer, executor: Executor, cfg: RolloutConfig,
+               key: jax.Array, scripts: Sequence[Sequence[Sequence[int]]] | None = None,
+               on_episode: Callable[[Episode], None] | None = None):
+    _check_prompts([], n, cfg, None, sampler)
+    self.procs, self.me = jax.process_count(), jax.process_index()
+    if self.procs > 1 and cfg.overlap_tools:
+      raise ValueError("run_rollout: overlap_tools needs one process; with several, every process must resume "
+                       "the same rows at the same time (set rollout.overlap_tools=False)")
+    self.sampler, self.n, self.tokenizer, self.executor, self.cfg = sampler, n, tokenizer, executor, cfg
+    self.scripts, self.on_episode = scripts, on_episode
+    self.stats = RolloutStats()
+    self.renderer = ToolResponseRenderer(tokenizer)
+    self.b, self.seg = cfg.batch_size, cfg.segment_len
+    self.resumable = set(sampler.sampling.tool_end_token_ids) | (
+        {self.renderer.im_end} if self.renderer.im_end is not None else set())
+    self.f_len = sampler.n_forced
+    self.max_cap = max_capacity(cfg)
+    self.key = key
+    # The cache grows in buckets as rows get longer (attention over the xla path reads every slot), or is
+    # allocated at its largest once where attention reads each row's own length (Sampler.fixed_capacity). It is
+    # made by the first `ensure_capacity` (the first prefill's), at the bucket that call needs, so no grow program
+    # is built and run before the first token.
+    self.state = None
+    self.rows: list[_Row | None] = [None] * self.b
+    self.prompts: dict[int, np.ndarray] = {}
+    self.queue: collections.deque[int] = collections.deque()
+    self.done: dict[int, Episode] = {}
+    # (slots, rows of the draw they read, Draw on device, policy version): processed at the next sync. Rows are
+    # picked on the host after the fetch; indexing the device array would compile a gather per distinct row count.
+    self.pending_draws: list[tuple[list[int], list[int], object, int]] = []
+    self.version = 0
+    self._max_steps = jnp.int32(self.seg)
+    self._min_stops = jnp.int32(cfg.min_tool_stops if cfg.overlap_tools else _NO_LIMIT)
+    self._t_start = time.perf_counter()
+    self._traces_before = dict(sampler_lib.TRACE_COUNTS)
+
+  # ------------------------------------------------------------------------------------------------ public API
+  def add(self, prompts: Sequence[Sequence[int]], groups: Sequence[int] | None = None) -> None:
+    """Queues prompt groups (n episodes each) to start as row slots free. `groups`: their ids (default the
+    next free ones from 0); episode `group * n + sample` is the key of `done`."""
+    _check_prompts(prompts, self.n, self.cfg, None, self.sampler)
+    if groups is None:
+      start = max(self.prompts, default=-1) + 1
+      groups = range(start, start + len(prompts))
+    for g, p in zip(groups, prompts, strict=True):
+      if g in self.prompts:
+        raise ValueError(f"AgentLoop.add: group {g} was already added")
+      self.prompts[g] = np.asarray(p, np.int32)
+      self.queue.append(g)
+
+  @property
+  def busy(self) -> bool:
+    """Groups are queued or rows are occupied."""
+    return bool(self.queue) or any(r is not None for r in self.rows)
+
+  @property
+  def occupied(self) -> int:
+    """Row slots holding an episode (decoding, waiting for tools or ready to resume)."""
+    return sum(r is not None for r in self.rows)
+
+  def in_flight_groups(self) -> list[int]:
+    """Groups with an episode in a row slot, oldest first."""
+    return sorted({r.group for r in self.rows if r is not None})
+
+  def pop_finished_groups(self) -> list[tuple[int, list[Episode]]]:
+    """Groups whose n episodes have all finished, as `(group, episodes by sample)`, removed from `done`."""
+    out = []
+    for g in sorted({ep // self.n for ep in self.done}):
+      eps = [self.done.get(g * self.n + s) for s in range(self.n)]
+      if all(e is not None for e in eps):
+        for s in range(self.n):
+          del self.done[g * self.n + s]
+        del self.prompts[g]
+        out.append((g, eps))
+    return out
+
+  def abort(self, key: jax.Array) -> list[int]:
+    """Drops every queued and in-flight group (their partial episodes are discarded; tool calls still running
+    are ignored) and frees the sampler state; the next prefill starts a fresh cache drawn from `key`.
+
+    Returns:
+      The dropped groups (in flight, then queued, each oldest first); finished episodes stay in `done`.
+    """
+    dropped = self.in_flight_groups() + [g for g in self.queue if g not in self.in_flight_groups()]
+    finished = {ep // self.n for ep in self.done}
+    for g in dropped:
+      for s in range(self.n):
+        self.done.pop(g * self.n + s, None)
+      if g not in finished:
+        self.prompts.pop(g, None)
+    self.rows = [None] * self.b
+    self.queue.clear()
+    self.pending_draws = []
+    self.state = None
+    self.key = key
+    return dropped
+
+  def recompute(self, params: nnx.State) -> int:
+    """Rebuilds the KV cache of every row in flight under `params` (AReaL's interruptible rollouts: after a
+    weight update the context so far is recomputed by the new policy instead of continuing on a cache the old
+    one wrote). Tokens already drawn keep their versions and log-probs (their behaviour policy drew them).
+
+    Returns:
+      Tokens recomputed.
+    """
+    self._sync_draws()  # a draw in flight belongs to its row's context
+    rows = [i for i, r in enumerate(self.rows) if r is not None]
+    if not rows or self.state is None:
+      return 0
+    self.state = self.sampler.reset_rows(self.state, np.asarray(rows + [self.b] * (self.b - len(rows)), np.int32))
+    # The cache holds the prompt and every response token but the row's pending one (the last drawn, which
+    # enters the cache with the next decode step or as the first token of the next tool chunk).
+    chunks = {i: np.concatenate([self.rows[i].prompt, np.asarray(self.rows[i].resp[:-1], np.int32)]).tolist()
+              for i in rows}
+    self._extend_chunks(params, chunks, draw=False)
+    return sum(len(c) for c in chunks.values())
+
+  def step(self, params: nnx.State, version: int = 0) -> None:
+    """One scheduling round: wait for / resume tool calls, start queued groups in free slots, decode one
+    segment of the active rows (or sync outstanding draws), all with `params` of policy `version`."""
+    self.version = version
+    rows, cfg = self.rows, self.cfg
+    active = [i for i, r in enumerate(rows) if r is not None and r.status == "active"]
+    if cfg.overlap_tools or not active:
+      if not cfg.overlap_tools and self._waiting_slots():
+        self._wait_tools(all_of=True)  # pause mode: the whole batch waits for every tool call
+      ready = self._ready_slots()
+      if ready and (len(ready) >= cfg.min_resume_rows or not active or not cfg.overlap_tools):
+        self._resume_ready(params, ready)
+      if self.queue:
+        self._start_groups(params)
+      # Rows just resumed/started count as active: a row whose first draw stopped it is inactive on device
+      # and draws nothing in the decode; its draw is processed (before the segment) at the next sync.
+      active = [i for i, r in enumerate(rows) if r is not None and r.status == "active"]
+    if active:
+      self._ensure_capacity(max(rows[i].cache_len + self.seg for i in active))
+      self.state, segment = self.sampler.decode(params, self.state, self._max_steps, self._min_stops)
+      self.stats.decode_calls += 1
+      self.pending_draws.append(([], [], segment, version))
+      t0 = time.perf_counter()
+      fetched = multihost.to_host([d for _, _, d, _ in self.pending_draws])
+      self.stats.device_wait_s += time.perf_counter() - t0
+      for (slots, positions, _, v), d in zip(self.pending_draws[:-1], fetched[:-1]):
+        self._take_draw(slots, positions, d, v)
+      self.pending_draws = []
+      segment = fetched[-1]
+      self.stats.decode_steps = int(segment.steps)
+      for i in active:
+        r = rows[i]
+        if r is None or r.status != "active":
+          continue
+        k = int(segment.num[i])
+        for j in range(k):
+          r.add(segment.tokens[i, j], segment.logp_raw[i, j], segment.logp_sample[i, j], version)
+        self.stats.generated_tokens += k
+        r.cache_len = int(segment.lengths[i])
+        if not segment.active[i]:
+          self._on_stop(i, int(segment.stop_reason[i]))
+    elif self.pending_draws:
+      self._sync_draws()
+    elif self._waiting_slots() and not self._ready_slots():
+      self._wait_tools(all_of=not cfg.overlap_tools)
+
+  def finish_stats(self) -> RolloutStats:
+    """The counters so far, with wall time and the sampler functions traced since the loop was made."""
+    self.stats.wall_s = time.perf_counter() - self._t_start
+    self.stats.traces = {k: v - self._traces_before.get(k, 0) for k, v in sampler_lib.TRACE_COUNTS.items()
+                         if v - self._traces_before.get(k, 0)}
+    return self.stats
+
+  # ------------------------------------------------------------------------------------------------ internals
+  def _owner(self, slot: int) -> int:
+    return slot * self.procs // self.b  # the process whose devices hold the row (batch blocks)
+
+  def _forced_row(self, ep: int, turn: int) -> np.ndarray:
+    out = np.full((self.f_len,), -1, np.int32)
+    if self.scripts is not None and turn < len(self.scripts[ep]):
+      toks = self.scripts[ep][turn]
+      out[:len(toks)] = toks
+    return out
+
+  def _ensure_capacity(self, need: int):
+    if self.state is not None and need <= self.state.capacity:
+      return
+    cap = self.max_cap if self.sampler.fixed_capacity else min(bucket(need, self.cfg.cache_bucket_min), self.max_cap)
+    if cap < need:
+      raise AssertionError(f"cache capacity {cap} < {need} tokens")  # budgets make this unreachable
+    if self.state is None:
+      self.state = self.sampler.init(cap, self.key)
+    else:
+      self.state = self.sampler.grow(self.state, cap)
+      self.stats.grow_calls += 1
+
+  def _finish(self, slot: int, reason: str):
+    r = self.rows[slot]
+    ids = np.concatenate([r.prompt, np.asarray(r.resp, np.int32)])
+    self.done[r.ep] = Episode(
+        group=r.group, sample=r.sample, prompt_ids=r.prompt, response_ids=np.asarray(r.resp, np.int32),
+        loss_mask=np.asarray(r.mask, np.int32), logp_raw=np.asarray(r.lp_raw, np.float32),
+        logp_sample=np.asarray(r.lp_sample, np.float32), num_tool_calls=r.n_calls, num_failed_calls=r.n_failed,
+        num_malformed_calls=r.n_malformed, stop_reason=reason,
+        transcript=self.tokenizer.decode(ids.tolist(), skip_special_tokens=False), turns=r.turns,
+        versions=np.asarray(r.vers, np.int32))
+    self.rows[slot] = None
+    if self.on_episode is not None:
+      self.on_episode(self.done[r.ep])
+
+  def _on_stop(self, slot: int, reason: int):
+    """A row stopped drawing: close its turn and either finish the episode or start its tool calls."""
+    r, cfg = self.rows[slot], self.cfg
+    stop = {StopReason.END: "end", StopReason.TOOL: "tool", StopReason.LENGTH: "length"}[StopReason(reason)]
+    turn = TurnInfo(start=r.turn_start, num_generated=len(r.resp) - r.turn_start, stop=stop)
+    r.turns.append(turn)
+    if reason == StopReason.LENGTH or len(r.resp) >= cfg.max_response_len:
+      return self._finish(slot, episode_lib.STOP_LENGTH)
+    pending = r.resp[-1]
+    calls: list[ToolCall] = []
+    if pending in self.resumable:
+      text = self.tokenizer.decode(r.resp[r.turn_start:], skip_special_tokens=False)
+      calls = parse_tool_calls(text, cfg.tool_names)
+    if not calls:
+      return self._finish(slot, episode_lib.STOP_END)
+    if len(r.turns) >= cfg.max_turns:
+      turn.calls = [CallInfo(c.name, c.code, "not_run", "") for c in calls]
+      return self._finish(slot, episode_lib.STOP_TURNS)
+    r.n_calls += len(calls)
+    malformed = [c for c in calls if not c.ok]
+    r.n_malformed += len(malformed)
+    if malformed and cfg.end_on_failed_call:
+      r.n_failed += len(malformed)
+      turn.calls = [CallInfo(c.name, c.code, "not_run" if c.ok else "malformed", c.error or "") for c in calls]
+      return self._finish(slot, episode_lib.STOP_FAILED_CALL)
+    r.calls = []
+    executed = 0
+    for c in calls:
+      if not c.ok:
+        r.calls.append((CallInfo(c.name, "", "malformed", truncate_middle(c.error, cfg.max_tool_output_chars)), None))
+      elif executed >= cfg.max_calls_per_turn:
+        msg = f"Error: not executed: at most {cfg.max_calls_per_turn} tool call(s) per turn."
+        r.calls.append((CallInfo(c.name, c.code, "skipped", msg), None))
+      elif self._owner(slot) != self.me:  # another host runs it; its result arrives in _exchange_results
+        executed += 1
+        r.calls.append((CallInfo(c.name, c.code, "running", ""), concurrent.futures.Future()))
+      else:
+        executed += 1
+        try:
+          future = self.executor.submit(prepare_code(c.code))
+        except Exception as e:  # pylint: disable=broad-except  # a closed/broken executor: tell the model
+          future = concurrent.futures.Future()
+          future.set_result(ExecResult("sandbox_error", stderr=f"[sandbox] submit failed: {type(e).__name__}: {e}"))
+        r.calls.append((CallInfo(c.name, c.code, "running", ""), future))
+    r.status = "waiting"
+
+  def _take_draw(self, slots: list[int], positions: list[int], draw, version: int):
+    for i, slot in zip(positions, slots):
+      r = self.rows[slot]
+      r.add(draw.token[i], draw.logp_raw[i], draw.logp_sample[i], version)
+      self.stats.generated_tokens += 1
+      if draw.stop_reason[i] != StopReason.RUNNING:
+        self._on_stop(slot, int(draw.stop_reason[i]))
+
+  def _sync_draws(self):
+    if self.pending_draws:
+      t0 = time.perf_counter()
+      fetched = multihost.to_host([d for _, _, d, _ in self.pending_draws])
+      self.stats.device_wait_s += time.perf_counter() - t0
+      pending, self.pending_draws = self.pending_draws, []
+      for (slots, positions, _, v), d in zip(pending, fetched):
+        self._take_draw(slots, positions, d, v)
+
+  def _start_groups(self, params):
+    cfg, n, b, stats = self.cfg, self.n, self.b, self.stats
+    free = [i for i, r in enumerate(self.rows) if r is None]
+    g = min(len(free) // n, len(self.queue), cfg.groups_per_prefill)
+    if g == 0:
+      return
+    groups = [self.queue.popleft() for _ in range(g)]
+    gp = prefill_groups(g, n, cfg)
+    t = bucket(max(len(self.prompts[i]) for i in groups), cfg.prompt_bucket_min)
+    tokens = np.zeros((gp, t), np.int32)
+    lengths = np.zeros((gp,), np.int32)
+    slots = np.full((gp * n,), b, np.int32)
+    budgets = np.full((gp * n,), cfg.max_response_len, np.int32)
+    forced = np.full((gp * n, self.f_len), -1, np.int32) if self.f_len else None
+    used = []
+    for j, gi in enumerate(groups):
+      p = self.prompts[gi]
+      tokens[j, :len(p)] = p
+      lengths[j] = len(p)
+      stats.prompt_tokens += len(p)
+      stats.prefilled_tokens += len(p)
+      for s in range(n):
+        slot = free[j * n + s]
+        slots[j * n + s] = slot
+        ep = gi * n + s
+        self.rows[slot] = _Row(ep=ep, group=gi, sample=s, prompt=p, cache_len=len(p))
+        used.append(slot)
+        if forced is not None:
+          forced[j * n + s] = self._forced_row(ep, 0)
+    # The prompt bucket, and a segment past the longest prompt: the decode call that follows needs that much.
+    self._ensure_capacity(max(t, int(lengths.max()) + self.seg))
+    self.state, draw = self.sampler.prefill_groups(n, params, self.state, tokens, lengths, slots, budgets, forced)
+    stats.prefill_calls += 1
+    stats.padded_prefill_tokens += gp * t
+    self.pending_draws.append((used, list(range(len(used))), draw, self.version))
+
+  def _resume_ready(self, params, slots: list[int]):
+    """Builds tool-response chunks for rows whose calls finished, and extends their caches in one call."""
+    cfg, stats = self.cfg, self.stats
+    chunks: dict[int, list[int]] = {}
+    for slot in slots:
+      r = self.rows[slot]
+      contents = []
+      turn = r.turns[-1]
+      for info, fut in r.calls:
+        if fut is not None:
+          info.status, info.output, info.wall_s = _result_text(_future_result(fut), cfg.max_tool_output_chars)
+        if info.failed:
+          r.n_failed += 1
+        contents.append(info.output)
+        turn.calls.append(info)
+      r.calls = []
+      chunk = self.renderer.chunk(r.resp[-1], contents)
+      k = len(chunk) - 1  # tool-response tokens (the pending token was drawn by the model)
+      if len(r.resp) + k >= cfg.max_response_len:
+        self._finish(slot, episode_lib.STOP_LENGTH)
+        continue
+      r.resp.extend(chunk[1:])
+      r.mask.extend([0] * k)
+      r.lp_raw.extend([0.0] * k)
+      r.lp_sample.extend([0.0] * k)
+      r.vers.extend([-1] * k)
+      turn.num_tool_tokens = k
+      r.turn_start = len(r.resp)
+      stats.tool_tokens += k
+      stats.prefilled_tokens += k
+      chunks[slot] = chunk
+    if not chunks:
+      return
+    for slot in chunks:
+      self.rows[slot].cache_len += len(chunks[slot])
+      self.rows[slot].status = "active"
+    self._extend_chunks(params, chunks, draw=True)
+
+  def _extend_chunks(self, params, chunks: dict[int, list[int]], *, draw: bool):
+    """Appends each row's chunk to its cache in fixed `[R, T]` extend calls (R = extend_rows, T = chunk_len):
+    extend compiles once per cache capacity, whatever the number of rows and the lengths of their chunks; a
+    longer chunk takes several calls. With `draw`, each row draws its next token after its chunk's last piece
+    (a tool response); without, nothing is drawn (a recomputed context)."""
+    cfg, b = self.cfg, self.b
+    order = sorted(chunks)
+    self._ensure_capacity(max(self.rows[s].cache_len for s in order) + 1)
+    r, t = cfg.rows_per_extend, cfg.chunk_len
+    pieces = [(slot, j) for slot in order for j in range(-(-len(chunks[slot]) // t))]
+    pieces.sort(key=lambda p: p[1])  # all first pieces, then all second pieces, ...
+    if r == b:  # whole-batch calls (in place): call j appends every row's piece j, at the row's own index
+      calls = [[p for p in pieces if p[1] == j] for j in range(pieces[-1][1] + 1)] if pieces else []
+    else:
+      calls = [pieces[lo:lo + r] for lo in range(0, len(pieces), r)]
+    for call in calls:
+      rows_idx = np.arange(b, dtype=np.int32) if r == b else np.full((r,), b, np.int32)
+      tokens = np.zeros((r, t), np.int32)
+      lengths = np.zeros((r,), np.int32)
+      final = np.zeros((r,), np.bool_)
+      budgets = np.zeros((r,), np.int32)
+      forced = np.full((r, self.f_len), -1, np.int32) if self.f_len else None
+      drew = []
+      for i, (slot, j) in enumerate(call):
+        c, row = chunks[slot][j * t:(j + 1) * t], self.rows[slot]
+        i = slot if r == b else i
+        rows_idx[i] = slot
+        tokens[i, :len(c)] = c
+        lengths[i] = len(c)
+        final[i] = draw and (j + 1) * t >= len(chunks[slot])
+        if final[i]:
+          drew.append((i, slot))
+          budgets[i] = cfg.max_response_len - len(row.resp)
+          if forced is not None:
+            forced[i] = self._forced_row(row.ep, len(row.turns))
+      self.state, d = self.sampler.extend(params, self.state, rows_idx, tokens, lengths, final, budgets, forced)
+      self.stats.extend_calls += 1
+      self.stats.padded_prefill_tokens += r * t
+      if drew:
+        self.pending_draws.append(([s for _, s in drew], [i for i, _ in drew], d, self.version))
+
+  def _waiting_slots(self):
+    return [i for i, r in enumerate(self.rows) if r is not None and r.status == "waiting"]
+
+  def _ready_slots(self):
+    return [i for i in self._waiting_slots() if all(f is None or f.done() for _, f in self.rows[i].calls)]
+
+  def _exchange_results(self):
+    """Several processes: every process's results of its own rows' calls, set on the others' placeholders."""
+    mine = {}
+    for slot in self._waiting_slots():
+      if self._owner(slot) == self.me:
+        for j, (_, fut) in enumerate(self.rows[slot].calls):
+          if fut is not None:
+            mine[(slot, j)] = _future_result(fut)
+    for part in multihost.allgather_objects(mine):
+      for (slot, j), res in part.items():
+        fut = self.rows[slot].calls[j][1]
+        if not fut.done():
+          fut.set_result(res)
+
+  def _wait_tools(self, all_of: bool):
+    t0 = time.perf_counter()
+    futs = [f for i in self._waiting_slots() if self._owner(i) == self.me for _, f in self.rows[i].calls
+            if f is not None]
+    if futs:
+      concurrent.futures.wait(futs, return_when=concurrent.futures.ALL_COMPLETED if all_of
+                              else concurrent.futures.FIRST_COMPLETED)
+    if self.procs > 1:
+      self._exchange_results()
+    self.stats.tool_wait_s += time.perf_counter() - t0
+
 
 def run_rollout(
     sampler: Sampler,
@@ -201,315 +638,11 @@ def run_rollout(
   Returns:
     `(episodes, stats)`: episodes ordered by (group, sample).
   """
-  t_start = time.perf_counter()
   _check_prompts(prompts, n, cfg, scripts, sampler)
-  procs, me = jax.process_count(), jax.process_index()
-  if procs > 1 and cfg.overlap_tools:
-    raise ValueError("run_rollout: overlap_tools needs one process; with several, every process must resume "
-                     "the same rows at the same time (set rollout.overlap_tools=False)")
-  owner = lambda slot: slot * procs // b  # noqa: E731  # the process whose devices hold the row (batch blocks)
-  traces_before = dict(sampler_lib.TRACE_COUNTS)
-  stats = RolloutStats()
-  renderer = ToolResponseRenderer(tokenizer)
-  b, seg = cfg.batch_size, cfg.segment_len
-  tool_end_ids = sampler.sampling.tool_end_token_ids
-  resumable = set(tool_end_ids) | ({renderer.im_end} if renderer.im_end is not None else set())
-  f_len = sampler.n_forced
-  max_cap = max_capacity(cfg)
-  # The cache grows in buckets as rows get longer (attention over the xla path reads every slot), or is
-  # allocated at its largest once where attention reads each row's own length (Sampler.fixed_capacity). It is
-  # made by the first `ensure_capacity` (the first prefill's), at the bucket that call needs, so no grow program
-  # is built and run before the first token.
-  state = None
-  rows: list[_Row | None] = [None] * b
-  queue = collections.deque(range(len(prompts)))
-  done: dict[int, Episode] = {}
-  # (slots, rows of the draw they read, Draw on device): processed at the next sync. Rows are picked on the host
-  # after the fetch; indexing the device array would compile a gather per distinct row count.
-  pending_draws: list[tuple[list[int], list[int], object]] = []
-
-  def forced_row(ep: int, turn: int) -> np.ndarray:
-    out = np.full((f_len,), -1, np.int32)
-    if scripts is not None and turn < len(scripts[ep]):
-      toks = scripts[ep][turn]
-      out[:len(toks)] = toks
-    return out
-
-  def ensure_capacity(need: int):
-    nonlocal state
-    if state is not None and need <= state.capacity:
-      return
-    cap = max_cap if sampler.fixed_capacity else min(bucket(need, cfg.cache_bucket_min), max_cap)
-    if cap < need:
-      raise AssertionError(f"cache capacity {cap} < {need} tokens")  # budgets make this unreachable
-    if state is None:
-      state = sampler.init(cap, key)
-    else:
-      state = sampler.grow(state, cap)
-      stats.grow_calls += 1
-
-  def finish(slot: int, reason: str):
-    r = rows[slot]
-    ids = np.concatenate([r.prompt, np.asarray(r.resp, np.int32)])
-    done[r.ep] = Episode(
-        group=r.group, sample=r.sample, prompt_ids=r.prompt, response_ids=np.asarray(r.resp, np.int32),
-        loss_mask=np.asarray(r.mask, np.int32), logp_raw=np.asarray(r.lp_raw, np.float32),
-        logp_sample=np.asarray(r.lp_sample, np.float32), num_tool_calls=r.n_calls, num_failed_calls=r.n_failed,
-        num_malformed_calls=r.n_malformed, stop_reason=reason,
-        transcript=tokenizer.decode(ids.tolist(), skip_special_tokens=False), turns=r.turns)
-    rows[slot] = None
-    if on_episode is not None:
-      on_episode(done[r.ep])
-
-  def on_stop(slot: int, reason: int):
-    """A row stopped drawing: close its turn and either finish the episode or start its tool calls."""
-    r = rows[slot]
-    stop = {StopReason.END: "end", StopReason.TOOL: "tool", StopReason.LENGTH: "length"}[StopReason(reason)]
-    turn = TurnInfo(start=r.turn_start, num_generated=len(r.resp) - r.turn_start, stop=stop)
-    r.turns.append(turn)
-    if reason == StopReason.LENGTH or len(r.resp) >= cfg.max_response_len:
-      return finish(slot, episode_lib.STOP_LENGTH)
-    pending = r.resp[-1]
-    calls: list[ToolCall] = []
-    if pending in resumable:
-      text = tokenizer.decode(r.resp[r.turn_start:], skip_special_tokens=False)
-      calls = parse_tool_calls(text, cfg.tool_names)
-    if not calls:
-      return finish(slot, episode_lib.STOP_END)
-    if len(r.turns) >= cfg.max_turns:
-      turn.calls = [CallInfo(c.name, c.code, "not_run", "") for c in calls]
-      return finish(slot, episode_lib.STOP_TURNS)
-    r.n_calls += len(calls)
-    malformed = [c for c in calls if not c.ok]
-    r.n_malformed += len(malformed)
-    if malformed and cfg.end_on_failed_call:
-      r.n_failed += len(malformed)
-      turn.calls = [CallInfo(c.name, c.code, "not_run" if c.ok else "malformed", c.error or "") for c in calls]
-      return finish(slot, episode_lib.STOP_FAILED_CALL)
-    r.calls = []
-    executed = 0
-    for c in calls:
-      if not c.ok:
-        r.calls.append((CallInfo(c.name, "", "malformed", truncate_middle(c.error, cfg.max_tool_output_chars)), None))
-      elif executed >= cfg.max_calls_per_turn:
-        msg = f"Error: not executed: at most {cfg.max_calls_per_turn} tool call(s) per turn."
-        r.calls.append((CallInfo(c.name, c.code, "skipped", msg), None))
-      elif owner(slot) != me:  # another host runs it; its result arrives in exchange_results
-        executed += 1
-        r.calls.append((CallInfo(c.name, c.code, "running", ""), concurrent.futures.Future()))
-      else:
-        executed += 1
-        try:
-          future = executor.submit(prepare_code(c.code))
-        except Exception as e:  # pylint: disable=broad-except  # a closed/broken executor: tell the model
-          future = concurrent.futures.Future()
-          future.set_result(ExecResult("sandbox_error", stderr=f"[sandbox] submit failed: {type(e).__name__}: {e}"))
-        r.calls.append((CallInfo(c.name, c.code, "running", ""), future))
-    r.status = "waiting"
-
-  def take_draw(slots: list[int], positions: list[int], draw):
-    for i, slot in zip(positions, slots):
-      r = rows[slot]
-      r.add(draw.token[i], draw.logp_raw[i], draw.logp_sample[i])
-      stats.generated_tokens += 1
-      if draw.stop_reason[i] != StopReason.RUNNING:
-        on_stop(slot, int(draw.stop_reason[i]))
-
-  def sync_draws():
-    nonlocal pending_draws
-    if pending_draws:
-      t0 = time.perf_counter()
-      fetched = multihost.to_host([d for _, _, d in pending_draws])
-      stats.device_wait_s += time.perf_counter() - t0
-      for (slots, positions, _), d in zip(pending_draws, fetched):
-        take_draw(slots, positions, d)
-      pending_draws = []
-
-  def start_groups():
-    nonlocal state
-    free = [i for i, r in enumerate(rows) if r is None]
-    g = min(len(free) // n, len(queue), cfg.groups_per_prefill)
-    if g == 0:
-      return
-    groups = [queue.popleft() for _ in range(g)]
-    gp = prefill_groups(g, n, cfg)
-    t = bucket(max(len(prompts[i]) for i in groups), cfg.prompt_bucket_min)
-    tokens = np.zeros((gp, t), np.int32)
-    lengths = np.zeros((gp,), np.int32)
-    slots = np.full((gp * n,), b, np.int32)
-    budgets = np.full((gp * n,), cfg.max_response_len, np.int32)
-    forced = np.full((gp * n, f_len), -1, np.int32) if f_len else None
-    used = []
-    for j, gi in enumerate(groups):
-      p = np.asarray(prompts[gi], np.int32)
-      tokens[j, :len(p)] = p
-      lengths[j] = len(p)
-      stats.prompt_tokens += len(p)
-      stats.prefilled_tokens += len(p)
-      for s in range(n):
-        slot = free[j * n + s]
-        slots[j * n + s] = slot
-        ep = gi * n + s
-        rows[slot] = _Row(ep=ep, group=gi, sample=s, prompt=p, cache_len=len(p))
-        used.append(slot)
-        if forced is not None:
-          forced[j * n + s] = forced_row(ep, 0)
-    # The prompt bucket, and a segment past the longest prompt: the decode call that follows needs that much.
-    ensure_capacity(max(t, int(lengths.max()) + seg))
-    state, draw = sampler.prefill_groups(n, params, state, tokens, lengths, slots, budgets, forced)
-    stats.prefill_calls += 1
-    stats.padded_prefill_tokens += gp * t
-    pending_draws.append((used, list(range(len(used))), draw))
-
-  def resume_ready(slots: list[int]):
-    """Builds tool-response chunks for rows whose calls finished, and extends their caches in one call."""
-    nonlocal state
-    chunks: dict[int, list[int]] = {}
-    for slot in slots:
-      r = rows[slot]
-      contents = []
-      turn = r.turns[-1]
-      for info, fut in r.calls:
-        if fut is not None:
-          info.status, info.output, info.wall_s = _result_text(_future_result(fut), cfg.max_tool_output_chars)
-        if info.failed:
-          r.n_failed += 1
-        contents.append(info.output)
-        turn.calls.append(info)
-      r.calls = []
-      chunk = renderer.chunk(r.resp[-1], contents)
-      k = len(chunk) - 1  # tool-response tokens (the pending token was drawn by the model)
-      if len(r.resp) + k >= cfg.max_response_len:
-        finish(slot, episode_lib.STOP_LENGTH)
-        continue
-      r.resp.extend(chunk[1:])
-      r.mask.extend([0] * k)
-      r.lp_raw.extend([0.0] * k)
-      r.lp_sample.extend([0.0] * k)
-      turn.num_tool_tokens = k
-      r.turn_start = len(r.resp)
-      stats.tool_tokens += k
-      stats.prefilled_tokens += k
-      chunks[slot] = chunk
-    if not chunks:
-      return
-    order = sorted(chunks)
-    for slot in order:
-      row = rows[slot]
-      row.cache_len += len(chunks[slot])
-      row.status = "active"
-    ensure_capacity(max(rows[s].cache_len for s in order) + 1)
-    # Fixed [R, T] calls (R = extend_rows, T = chunk_len): extend compiles once per cache capacity, whatever the
-    # number of resuming rows and the lengths of their tool responses. A longer chunk takes several calls.
-    r, t = cfg.rows_per_extend, cfg.chunk_len
-    pieces = [(slot, j) for slot in order for j in range(-(-len(chunks[slot]) // t))]
-    pieces.sort(key=lambda p: p[1])  # all first pieces, then all second pieces, ...
-    if r == b:  # whole-batch calls (in place): call j appends every row's piece j, at the row's own index
-      calls = [[p for p in pieces if p[1] == j] for j in range(pieces[-1][1] + 1)] if pieces else []
-    else:
-      calls = [pieces[lo:lo + r] for lo in range(0, len(pieces), r)]
-    for call in calls:
-      rows_idx = np.arange(b, dtype=np.int32) if r == b else np.full((r,), b, np.int32)
-      tokens = np.zeros((r, t), np.int32)
-      lengths = np.zeros((r,), np.int32)
-      final = np.zeros((r,), np.bool_)
-      budgets = np.zeros((r,), np.int32)
-      forced = np.full((r, f_len), -1, np.int32) if f_len else None
-      drew = []
-      for i, (slot, j) in enumerate(call):
-        c, row = chunks[slot][j * t:(j + 1) * t], rows[slot]
-        i = slot if r == b else i
-        rows_idx[i] = slot
-        tokens[i, :len(c)] = c
-        lengths[i] = len(c)
-        final[i] = (j + 1) * t >= len(chunks[slot])
-        if final[i]:
-          drew.append((i, slot))
-          budgets[i] = cfg.max_response_len - len(row.resp)
-          if forced is not None:
-            forced[i] = forced_row(row.ep, len(row.turns))
-      state, draw = sampler.extend(params, state, rows_idx, tokens, lengths, final, budgets, forced)
-      stats.extend_calls += 1
-      stats.padded_prefill_tokens += r * t
-      if drew:
-        pending_draws.append(([s for _, s in drew], [i for i, _ in drew], draw))
-
-  def waiting_slots():
-    return [i for i, r in enumerate(rows) if r is not None and r.status == "waiting"]
-
-  def ready_slots():
-    return [i for i in waiting_slots() if all(f is None or f.done() for _, f in rows[i].calls)]
-
-  def exchange_results():
-    """Several processes: every process's results of its own rows' calls, set on the others' placeholders."""
-    mine = {}
-    for slot in waiting_slots():
-      if owner(slot) == me:
-        for j, (_, fut) in enumerate(rows[slot].calls):
-          if fut is not None:
-            mine[(slot, j)] = _future_result(fut)
-    for part in multihost.allgather_objects(mine):
-      for (slot, j), res in part.items():
-        fut = rows[slot].calls[j][1]
-        if not fut.done():
-          fut.set_result(res)
-
-  def wait_tools(all_of: bool):
-    t0 = time.perf_counter()
-    futs = [f for i in waiting_slots() if owner(i) == me for _, f in rows[i].calls if f is not None]
-    if futs:
-      concurrent.futures.wait(futs, return_when=concurrent.futures.ALL_COMPLETED if all_of
-                              else concurrent.futures.FIRST_COMPLETED)
-    if procs > 1:
-      exchange_results()
-    stats.tool_wait_s += time.perf_counter() - t0
-
-  max_steps = jnp.int32(seg)
-  min_stops = jnp.int32(cfg.min_tool_stops if cfg.overlap_tools else _NO_LIMIT)
-  while queue or any(r is not None for r in rows):
-    active = [i for i, r in enumerate(rows) if r is not None and r.status == "active"]
-    if cfg.overlap_tools or not active:
-      if not cfg.overlap_tools and waiting_slots():
-        wait_tools(all_of=True)  # pause mode: the whole batch waits for every tool call
-      ready = ready_slots()
-      if ready and (len(ready) >= cfg.min_resume_rows or not active or not cfg.overlap_tools):
-        resume_ready(ready)
-      if queue:
-        start_groups()
-      # Rows just resumed/started count as active: a row whose first draw stopped it is inactive on device
-      # and draws nothing in the decode; its draw is processed (before the segment) at the next sync.
-      active = [i for i, r in enumerate(rows) if r is not None and r.status == "active"]
-    if active:
-      ensure_capacity(max(rows[i].cache_len + seg for i in active))
-      state, segment = sampler.decode(params, state, max_steps, min_stops)
-      stats.decode_calls += 1
-      pending_draws.append(([], [], segment))
-      t0 = time.perf_counter()
-      fetched = multihost.to_host([d for _, _, d in pending_draws])
-      stats.device_wait_s += time.perf_counter() - t0
-      for (slots, positions, _), d in zip(pending_draws[:-1], fetched[:-1]):
-        take_draw(slots, positions, d)
-      pending_draws = []
-      segment = fetched[-1]
-      stats.decode_steps = int(segment.steps)
-      for i in active:
-        r = rows[i]
-        if r is None or r.status != "active":
-          continue
-        k = int(segment.num[i])
-        for j in range(k):
-          r.add(segment.tokens[i, j], segment.logp_raw[i, j], segment.logp_sample[i, j])
-        stats.generated_tokens += k
-        r.cache_len = int(segment.lengths[i])
-        if not segment.active[i]:
-          on_stop(i, int(segment.stop_reason[i]))
-    elif pending_draws:
-      sync_draws()
-    elif waiting_slots() and not ready_slots():
-      wait_tools(all_of=not cfg.overlap_tools)
-  del state
-  stats.wall_s = time.perf_counter() - t_start
-  stats.traces = {k: v - traces_before.get(k, 0) for k, v in sampler_lib.TRACE_COUNTS.items()
-                  if v - traces_before.get(k, 0)}
-  return [done[i] for i in sorted(done)], stats
-
+  loop = AgentLoop(sampler, n=n, tokenizer=tokenizer, executor=executor, cfg=cfg, key=key, scripts=scripts,
+                   on_episode=on_episode)
+  loop.add(prompts)
+  while loop.busy:
+    loop.step(params)
+  loop.state = None
+  return [loop.done[i] for i in sorted(loop.done)], loop.finish_stats()

@@ -83,6 +83,9 @@ class Episode:
     stop_reason: one of `STOP_REASONS`.
     transcript: prompt and response decoded (special tokens kept).
     turns: per-turn details.
+    versions: `[R]` the policy version whose params drew each token (-1 on tool-response tokens); all 0 for a
+      rollout that did not stamp versions. An episode whose weights changed while it ran (a partial rollout of
+      asynchronous RL) holds several.
   """
 
   group: int
@@ -98,6 +101,24 @@ class Episode:
   stop_reason: str
   transcript: str
   turns: list[TurnInfo]
+  versions: np.ndarray | None = None
+
+  @property
+  def version_first(self) -> int:
+    """Version of the policy that drew the episode's first token (0 when not stamped)."""
+    drawn = self._drawn_versions()
+    return int(drawn.min()) if drawn.size else 0
+
+  @property
+  def version_last(self) -> int:
+    """Version of the policy that drew the episode's last token (0 when not stamped)."""
+    drawn = self._drawn_versions()
+    return int(drawn.max()) if drawn.size else 0
+
+  def _drawn_versions(self) -> np.ndarray:
+    if self.versions is None:
+      return np.zeros((0,), np.int32)
+    return self.versions[self.versions >= 0]
 
   @property
   def num_turns(self) -> int:

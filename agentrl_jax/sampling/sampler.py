@@ -127,6 +127,13 @@ def grow(state: SamplingState, capacity: int) -> SamplingState:
   return state.replace(cache=state.cache.grow(capacity))
 
 
+def reset_rows(state: SamplingState, rows: Int[Array, "R"]) -> SamplingState:
+  """Empties the caches of row slots `rows` (index B = padding): their next extend writes from position 0. The
+  rows' pending tokens and stop state are kept (a recomputed context resumes where it stopped)."""
+  TRACE_COUNTS["reset_rows"] += 1
+  return state.replace(cache=state.cache.replace(lengths=state.cache.lengths.at[rows].set(0, mode="drop")))
+
+
 # --------------------------------------------------------------------------- shared pieces
 def _stop_after(token, budget, sampling: SamplingConfig):
   """Stop reason of rows that just drew `token` with `budget` draws left (before this one)."""
@@ -386,6 +393,7 @@ class Sampler:
   extend: Callable[..., tuple[SamplingState, Draw]]
   decode: Callable[..., tuple[SamplingState, Segment]]
   grow: Callable[..., SamplingState]
+  reset_rows: Callable[..., SamplingState] | None = None
   param_shardings: Any = None
   jitted: dict[str, Any] = dataclasses.field(default_factory=dict)
   """The jitted functions behind the entry points (`prefill_groups` as `n -> jitted`), for ahead-of-time
@@ -464,6 +472,7 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
     jit_extend = jax.jit(fns["extend"](), donate_argnums=(1,), compiler_options=cached_opts)
     jit_decode = jax.jit(fns["decode"](), donate_argnums=(1,), compiler_options=cached_opts)
     jit_grow = jax.jit(grow, static_argnums=(1,))  # no donation: the padded cache cannot reuse the smaller buffer
+    jit_reset = jax.jit(reset_rows, donate_argnums=(0,))
     jit_init = jax.jit(init_state, static_argnums=(0, 1, 2), static_argnames=("forced_len",))
     run = lambda f, *a, **k: f(*a, **k)
   else:
@@ -497,6 +506,7 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
     jit_decode = jax.jit(fns["decode"](), donate_argnums=(1,), in_shardings=(param_sh, sst, rep, rep),
                          out_shardings=(sst, seg_sh()), compiler_options=cached_opts)
     jit_grow = jax.jit(grow, static_argnums=(1,), in_shardings=(sst,), out_shardings=sst)
+    jit_reset = jax.jit(reset_rows, donate_argnums=(0,), in_shardings=(sst, rep), out_shardings=sst)
     jit_init = jax.jit(init_state, static_argnums=(0, 1, 2), static_argnames=("forced_len",), out_shardings=sst)
 
     def run(f, *a, **k):
@@ -510,6 +520,7 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
       extend=lambda *a: run(jit_extend, *a),
       decode=lambda *a: run(jit_decode, *a),
       grow=lambda state, capacity: run(jit_grow, state, capacity),
+      reset_rows=lambda state, rows: run(jit_reset, state, rows),
       jitted={"init": jit_init, "prefill_groups": jit_prefill, "extend": jit_extend, "decode": jit_decode,
-              "grow": jit_grow},
+              "grow": jit_grow, "reset_rows": jit_reset},
   )
