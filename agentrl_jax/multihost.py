@@ -12,6 +12,7 @@ With one process every function is the plain single-host operation.
 from __future__ import annotations
 
 from collections.abc import Callable
+import os
 import pickle
 from typing import Any, TypeVar
 
@@ -71,8 +72,6 @@ def allgather_objects(obj: T) -> list[T]:
 
 def open_primary(path: str, mode: str = "w"):
   """`open(path, mode)` on process 0; elsewhere the same calls write to os.devnull (one writer per file)."""
-  import os
-
   return open(path if is_primary() else os.devnull, mode)
 
 
@@ -95,3 +94,24 @@ def primary_first(name: str, fn: Callable[[], T]) -> T:
   artefact on first use (a TFDS dataset in the workdir) and open it on every process."""
   out = once(name, fn)
   return out if is_primary() else fn()
+
+
+def write_pickle(path: str, obj: Any) -> None:
+  """Process 0 pickles `obj` to `path` atomically (a temporary file renamed into place), then every process
+  waits for it: a process killed mid-write leaves the previous file, never a torn one."""
+  def write():
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+      pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+
+  once(f"write_pickle:{os.path.basename(path)}", write)
+
+
+def prune_files(directory: str, keep: set[str]) -> None:
+  """Process 0 deletes the files of `directory` not named in `keep` (state kept beside pruned checkpoints)."""
+  if is_primary() and os.path.isdir(directory):
+    for name in os.listdir(directory):
+      if name not in keep:
+        os.remove(os.path.join(directory, name))

@@ -103,6 +103,13 @@ def rl_config(**model) -> ml_collections.ConfigDict:
       # and one scoring program whatever the lengths, no padding computed; 0: one episode per row, rows padded
       # to a length bucket (a program per bucket).
       pack_len=2560 + 20480,
+      # Asynchronous RL (agentrl_jax/rl/stream.py): > 0 keeps one rollout stream running across updates, each
+      # token trained at most this many policy versions after it was drawn; 0 is the synchronous loop (the
+      # recipe's). Placement colocated | disaggregated (async_sampler_devices of the devices sample); partial
+      # rollouts continue on their cache or recompute it under new weights; weights reach the sampler
+      # async_weight_sync_segments decode segments after their update was dispatched.
+      max_staleness=0, async_placement="colocated", async_partial="continue", async_weight_sync_segments=0,
+      async_sampler_devices=0,
       loss=dict(policy_loss="ppo_clip", clip_low=0.2, clip_high=0.28, dual_clip_c=10.0, loss_agg_mode="token-mean",
                 entropy_coeff=0.0, kl_coeff=0.0, kl_type="low_var_kl"),
       advantage=dict(estimator="grpo", norm_by_std=True)))

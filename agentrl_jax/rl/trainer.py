@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import pickle
 import time
 
 from flax import nnx
@@ -48,6 +49,7 @@ from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.rl import advantages as adv_lib
 from agentrl_jax.rl import batch as batch_lib
 from agentrl_jax.rl import losses
+from agentrl_jax.rl import stream as stream_lib
 from agentrl_jax.rl import update as update_lib
 from agentrl_jax.rollout import engine as engine_lib
 from agentrl_jax.rollout import jobs
@@ -91,6 +93,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     if loss_cfg.loss_agg_mode != "token-mean":
       raise ValueError(f"rl.pack_len needs rl.loss.loss_agg_mode='token-mean' (a packed row holds several "
                        f"sequences), got {loss_cfg.loss_agg_mode!r}")
+  async_cfg = stream_lib.AsyncConfig.from_rl(rl)
   # Named keys from one root: init (random weights), sample (rollouts), update; each folded with the step.
   root = jax.random.key(config.seed)
   init_key, sample_key, eval_key, update_key = jax.random.split(root, 4)
@@ -122,7 +125,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   opt_cfg = update_lib.OptimizerConfig(**config.optimizer)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), ckpt_cfg)
   counters = {"episodes": 0, "prompts": 0, "skipped_prompts": 0, "dropped_groups": 0, "generated_tokens": 0,
-              "infra_failures": 0, "nonfinite_steps": 0}
+              "infra_failures": 0, "nonfinite_steps": 0, "stale_dropped": 0, "aborted_groups": 0}
   max_infra_frac, max_nonfinite = rl.max_infra_failure_frac, rl.max_consecutive_nonfinite_steps
   model_block = embedded_tokenizer.fill_model_block(config.model)
   tokenizer, model_cfg = loading.tokenizer_and_config(model_block)
@@ -154,6 +157,17 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     eval_engine = engine_lib.RolloutEngine.create(
         graphdef, model_cfg, tokenizer, executor, rollout_cfg, temperature=ev.temperature, top_p=ev.top_p,
         top_k=ev.top_k, advertise_tools=config.rollout.advertise_tools, mesh=sampler_mesh, params=state.params)
+  stream = None
+  if async_cfg.enabled:  # the rollout stream of asynchronous RL (agentrl_jax/rl/stream.py)
+    score_kw = dict(tokenizer=tokenizer, executor=executor, reward_cfg=reward_cfg, shaping_cfg=shaping_cfg,
+                    max_workers=config.tools.max_concurrency or 8)
+    stream = stream_lib.RolloutStream(
+        engine, data_iter, async_cfg, n=n, prompts_per_step=rl.prompts_per_step, key=sample_key,
+        score=lambda eps, record: batch_lib.score_episodes(eps, [record], **score_kw))
+    stream_dir = os.path.join(workdir, "stream")
+    if step:
+      with open(os.path.join(stream_dir, f"{step}.pkl"), "rb") as f:
+        stream.load_state_dict(pickle.load(f))
   bsh = update_lib.batch_sharding(mesh)
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   # The tokenizer goes into the metadata so that an export (`python -m agentrl_jax.checkpoint`) can ship it.
@@ -161,8 +175,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
           "tokenizer_path": model_block.get("tokenizer_path") or model_block.get("hf_path") or ""}
 
   def save(step, force=False):
-    return ckpt.maybe_save(step, {"train": state, "rng": rng}, data_iterator=data_iter, force=force,
-                           metadata={**meta, "counters": counters})
+    if stream is not None and (force or ckpt.should_save(step)) and step not in ckpt.all_steps():
+      # The stream's untrained batches go beside the checkpoint, written before it (a checkpoint is visible only
+      # once committed, so a kill in between leaves the previous pair).
+      multihost.write_pickle(os.path.join(stream_dir, f"{step}.pkl"), stream.state_dict(state.params, step))
+    saved = ckpt.maybe_save(step, {"train": state, "rng": rng}, data_iterator=data_iter, force=force,
+                            metadata={**meta, "counters": counters})
+    if saved and stream is not None:
+      multihost.prune_files(stream_dir, keep={f"{s}.pkl" for s in ckpt.all_steps()})
+    return saved
 
   def run_eval(step):
     metrics, rows = eval_runner.evaluate(eval_engine, state.params, eval_records, n=config.eval.n,
@@ -188,20 +209,30 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       rounds, informative_total, groups_seen = 0, 0, 0
       tally = batch_lib.InfraTally()
       while True:
-        rendered = engine.render(next(data_iter))
-        counters["skipped_prompts"] += len(rendered.skipped)
-        if rendered.ids:
-          t0 = time.perf_counter()
-          eps, stats = engine.run(state.params, rendered.ids, n=n,
-                                  key=jax.random.fold_in(jax.random.fold_in(sample_key, step), rounds))
-          times["rollout"] += time.perf_counter() - t0
-          times["tools"] += stats.tool_wait_s
-          counters["generated_tokens"] += stats.generated_tokens
-          t0 = time.perf_counter()
-          scored = batch_lib.score_episodes(eps, rendered.records, tokenizer=tokenizer, executor=executor,
-                                            reward_cfg=reward_cfg, shaping_cfg=shaping_cfg,
-                                            max_workers=config.tools.max_concurrency or 8)
-          times["scoring"] += time.perf_counter() - t0
+        if stream is None:  # synchronous: draw a batch, run it to completion under the current params, score it
+          rendered = engine.render(next(data_iter))
+          counters["skipped_prompts"] += len(rendered.skipped)
+          round_records, eps, scored = rendered.records, [], None
+          if rendered.ids:
+            t0 = time.perf_counter()
+            eps, stats = engine.run(state.params, rendered.ids, n=n,
+                                    key=jax.random.fold_in(jax.random.fold_in(sample_key, step), rounds))
+            times["rollout"] += time.perf_counter() - t0
+            times["tools"] += stats.tool_wait_s
+            counters["generated_tokens"] += stats.generated_tokens
+            t0 = time.perf_counter()
+            scored = batch_lib.score_episodes(eps, rendered.records, tokenizer=tokenizer, executor=executor,
+                                              reward_cfg=reward_cfg, shaping_cfg=shaping_cfg,
+                                              max_workers=config.tools.max_concurrency or 8)
+            times["scoring"] += time.perf_counter() - t0
+        else:  # asynchronous: the oldest untrained batch of the stream, scored as its groups finished
+          b = stream.next_batch(state.params, version=step)
+          counters["skipped_prompts"] += b.skipped
+          order = sorted(b.groups)
+          round_records = [b.records[p] for p in order]
+          eps = [dataclasses.replace(e, group=i) for i, p in enumerate(order) for e in b.groups[p][0]]
+          scored = batch_lib.Scored.concat([b.groups[p][1] for p in order]) if order else None
+        if eps:
           tally.add(scored)
           keep = batch_lib.informative_groups(scored.score, n, valid=~scored.infra)
           groups_seen += len(keep)
@@ -212,7 +243,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
           for g in np.flatnonzero(keep):
             idx = slice(g * n, (g + 1) * n)
             base = len(records)
-            records.append(rendered.records[g])
+            records.append(round_records[g])
             for e in eps[idx]:
               episodes.append(dataclasses.replace(e, group=base))
             scored_parts.append(scored.select(range(g * n, (g + 1) * n)))
@@ -220,6 +251,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         if (not rl.dynamic_sampling or len(records) >= rl.prompts_per_step
             or rounds > rl.dynamic_sampling_max_extra_rounds):
           break
+      if stream is not None:
+        st = stream.take_stats()
+        times.update(rollout=st.rollout_s, tools=st.tool_wait_s, scoring=st.scoring_s, recompute=st.recompute_s)
+        counters["generated_tokens"] += st.generated_tokens
+        counters["stale_dropped"] += st.stale_dropped
+        counters["aborted_groups"] += st.aborted_groups
       counters["infra_failures"] += tally.count
       if tally.count:
         log.warning("rl: step %d: %d of %d responses could not be scored (%s); left out of the advantages",
@@ -240,6 +277,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         records, episodes = records[:rl.prompts_per_step], episodes[:rl.prompts_per_step * n]
         scored_parts = scored_parts[:rl.prompts_per_step]
       sc = batch_lib.Scored.concat(scored_parts)
+      # Staleness of the trained tokens: versions between the policy that drew each token and this update's.
+      drawn = np.concatenate([e.versions[e.versions >= 0] for e in episodes if e.versions is not None] or [[step]])
+      staleness = step - drawn
       counters["episodes"] += len(episodes)
       counters["prompts"] += len(records)
 
@@ -316,11 +356,22 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
           "groups/trained": float(len(records)),
           **{f"train/{k}": _mean([float(u[k]) for u in updates]) for k in updates[0]},
           **{f"time/{k}_s": v for k, v in times.items()}, "time/step_s": time.perf_counter() - t_step,
+          # Idle: the trainer waited for its batch; the rollout had nothing to decode (blocked on tools, or the
+          # host busy with the update and its bookkeeping).
+          "time/trainer_idle_frac": times["rollout"] / (time.perf_counter() - t_step),
+          "time/rollout_idle_frac": 1.0 - (times["rollout"] - times["tools"]) / (time.perf_counter() - t_step),
+          "async/staleness_mean": float(staleness.mean()), "async/staleness_max": float(staleness.max()),
+          "async/partial_frac": _mean([e.version_last > e.version_first for e in episodes]),
           **{f"count/{k}": float(v) for k, v in counters.items()},
           **compile_stats.metrics_since(compiled0),
       }
       if calls:
         last["response/tool_success_rate"] = 1.0 - failed / calls
+      if stream is not None:
+        last.update({"async/buffer_groups": float(stream.buffered_groups),
+                     "async/in_flight_groups": float(stream.in_flight_groups),
+                     "async/weight_syncs": float(st.weight_syncs), "async/recomputed_tokens": float(st.recomputed_tokens),
+                     "async/admission_stalls": float(st.admission_stalls), "async/occupied_rows": st.occupied_rows})
       bar.set_postfix(reward=f"{last['reward/mean']:.3f}", acc=f"{last['reward/acc']:.3f}")
       if step % config.log_every_steps == 0 or step == total_steps:
         writer.write(step, last)

@@ -67,6 +67,7 @@ class RolloutStats:
     generated_tokens: tokens drawn by the model.
     padded_prefill_tokens: tokens computed by prefill/extend calls including bucket padding and idle rows.
     decode_calls / decode_steps / extend_calls / prefill_calls / grow_calls: device calls made.
+    active_rows: rows decoding, summed over decode calls (their mean occupancy is active_rows / decode_calls).
     wall_s: wall time; device_wait_s: host blocked on device results; tool_wait_s: host blocked on tools only.
     traces: sampler functions traced (compiled) during the rollout.
   """
@@ -78,6 +79,7 @@ class RolloutStats:
   padded_prefill_tokens: int = 0
   decode_calls: int = 0
   decode_steps: int = 0
+  active_rows: int = 0
   extend_calls: int = 0
   prefill_calls: int = 0
   grow_calls: int = 0
@@ -272,13 +274,12 @@ class AgentLoop:
     Returns:
       The dropped groups (in flight, then queued, each oldest first); finished episodes stay in `done`.
     """
-    dropped = self.in_flight_groups() + [g for g in self.queue if g not in self.in_flight_groups()]
-    finished = {ep // self.n for ep in self.done}
+    in_flight = self.in_flight_groups()
+    dropped = in_flight + [g for g in self.queue if g not in in_flight]
     for g in dropped:
       for s in range(self.n):
         self.done.pop(g * self.n + s, None)
-      if g not in finished:
-        self.prompts.pop(g, None)
+      self.prompts.pop(g, None)
     self.rows = [None] * self.b
     self.queue.clear()
     self.pending_draws = []
@@ -327,6 +328,7 @@ class AgentLoop:
       self._ensure_capacity(max(rows[i].cache_len + self.seg for i in active))
       self.state, segment = self.sampler.decode(params, self.state, self._max_steps, self._min_stops)
       self.stats.decode_calls += 1
+      self.stats.active_rows += len(active)
       self.pending_draws.append(([], [], segment, version))
       t0 = time.perf_counter()
       fetched = multihost.to_host([d for _, _, d, _ in self.pending_draws])

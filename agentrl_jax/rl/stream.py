@@ -1,0 +1,349 @@
+"""The rollout stream of asynchronous RL: prompt batches in, finished and scored groups out, policy versions on
+every token, staleness bounded by admission.
+
+    stream = RolloutStream(engine, data_iter, cfg, n=8, prompts_per_step=16, score=score_fn, key=sample_key)
+    for step in ...:
+      batch = stream.next_batch(params, version=step)   # the oldest untrained prompt batch, every group finished
+      ... advantages, update(s): the new params reach the sampler at its next decode segment (a partial rollout)
+
+The trainer's synchronous loop draws a batch of prompts, runs it to completion under the current params and
+trains on it; every row slot idles while the slowest episode finishes and the devices idle while tools run.
+Here one `AgentLoop` stays alive across updates: its slots refill from the prompt stream as episodes finish,
+finished groups are scored at once and wait in a buffer, and `next_batch` returns as soon as the oldest batch
+the trainer has not consumed is complete, while later batches keep running.
+
+Versions and staleness. The trainer's step counter is the policy version: params after s updates are version
+s, and batch b is trained at step b (one batch per step; with dynamic sampling's extra rounds a step consumes
+several, never fewer). Every drawn token carries the version that drew it (`Episode.versions`). A group's
+staleness at training is `step - version_first` of its episodes. Admission control (AReaL's rule, in batches)
+starts the groups of batch j only once `(steps done) + (j - first unconsumed batch) - (sampler version) <=
+max_staleness`: a batch is never trained more than `max_staleness` versions after its first token was drawn.
+A group that arrives older than that anyway (a config whose rounds consume batches more slowly) is dropped at
+consumption and counted (`stale_dropped`).
+
+Determinism. What the stream does depends on counts only (which rows stopped, which batch is complete, the
+version), never on clocks: with the same seed and config an asynchronous run is bit for bit the same, as the
+synchronous loop is. Weights reach the sampler at the first decode segment after `weight_sync_segments`
+segments since the update was dispatched (0: the next segment, the colocated default).
+
+Checkpoints (`state_dict` / `load_state_dict`): a checkpoint at step s aborts the groups in flight (their
+partial episodes are dropped; they restart from their prompts) and keeps finished groups and the prompt records
+of every untrained batch. An uninterrupted run does the same at the same steps, so a run killed at any point
+and resumed from its checkpoint trains every prompt exactly once, on the same episodes, as the uninterrupted
+run (`tests/rl/test_async_trainer.py`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from agentrl_jax.data.records import PromptRecord
+from agentrl_jax.rollout.agent_loop import AgentLoop
+from agentrl_jax.rollout.episode import Episode
+
+log = logging.getLogger(__name__)
+
+PLACEMENTS = ("colocated", "disaggregated")
+PARTIAL_MODES = ("continue", "recompute")
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncConfig:
+  """Asynchronous RL settings (`config.rl`'s `max_staleness` and its `async_` fields).
+
+  Attributes:
+    max_staleness: most policy versions between a token's draw and its training; 0 is the synchronous loop.
+    placement: "colocated" (rollout and trainer on one mesh; the update is dispatched between decode segments)
+      or "disaggregated" (the sampler on its own devices, `sampler_devices` of them, weights moved after every
+      update by one compiled transfer).
+    partial: what in-flight episodes do when new weights arrive: "continue" on the cache the old weights wrote,
+      or "recompute" it under the new weights first (AReaL's interruptible rollouts).
+    weight_sync_segments: decode segments the sampler runs on its old weights after an update is dispatched
+      before the new ones reach it (count-based, so runs stay deterministic); 0 = the next segment.
+    sampler_devices: disaggregated: devices of the sampler (the last ones of the process's devices; the
+      trainer keeps the rest).
+  """
+
+  max_staleness: int = 0
+  placement: str = "colocated"
+  partial: str = "continue"
+  weight_sync_segments: int = 0
+  sampler_devices: int = 0
+
+  def __post_init__(self):
+    for f in ("max_staleness", "weight_sync_segments", "sampler_devices"):
+      v = getattr(self, f)
+      if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"AsyncConfig.{f}: must be an int >= 0, got {v!r}")
+    if self.placement not in PLACEMENTS:
+      raise ValueError(f"AsyncConfig.placement: must be one of {PLACEMENTS}, got {self.placement!r}")
+    if self.partial not in PARTIAL_MODES:
+      raise ValueError(f"AsyncConfig.partial: must be one of {PARTIAL_MODES}, got {self.partial!r}")
+    if self.placement == "disaggregated" and self.sampler_devices < 1:
+      raise ValueError("AsyncConfig.sampler_devices: the disaggregated placement needs >= 1 sampler device")
+
+  @property
+  def enabled(self) -> bool:
+    return self.max_staleness > 0
+
+  @classmethod
+  def from_rl(cls, rl) -> AsyncConfig:
+    """From a config's `rl` block: `max_staleness` and the `async_*` fields it sets."""
+    kw = {f.name: rl.get(f.name if f.name == "max_staleness" else f"async_{f.name}")
+          for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in kw.items() if v is not None})
+
+
+@dataclasses.dataclass
+class Batch:
+  """One prompt batch of the stream: its records, rendered prompts and, as they finish, its scored groups.
+
+  Attributes:
+    index: position in the stream (batch b is trained at step b when every step consumes one).
+    records: the kept records (prompts too long for the sampler were dropped at rendering).
+    ids: their rendered prompt tokens.
+    skipped: how many records of the drawn batch rendering dropped.
+    groups: finished groups by their position in `records`: `(episodes by sample, scored)`.
+  """
+
+  index: int
+  records: list[PromptRecord]
+  ids: list[list[int]]
+  skipped: int = 0
+  groups: dict[int, tuple[list[Episode], Any]] = dataclasses.field(default_factory=dict)
+
+  @property
+  def complete(self) -> bool:
+    return len(self.groups) == len(self.records)
+
+
+@dataclasses.dataclass
+class StreamStats:
+  """What the stream did since the last `take_stats` (wall seconds and counts)."""
+
+  rollout_s: float = 0.0     # inside next_batch: the trainer waited for its batch (trainer idle)
+  tool_wait_s: float = 0.0   # the loop blocked on tools with nothing to decode
+  scoring_s: float = 0.0
+  recompute_s: float = 0.0
+  recomputed_tokens: int = 0
+  generated_tokens: int = 0
+  weight_syncs: int = 0
+  aborted_groups: int = 0
+  stale_dropped: int = 0     # groups older than max_staleness at consumption
+  admission_stalls: int = 0  # scheduling rounds in which a free slot waited for the version to advance
+  occupied_rows: float = 0.0  # mean rows decoding per decode segment
+  rounds: int = 0
+
+
+def _group_id(batch: int, position: int, stride: int) -> int:
+  return batch * stride + position
+
+
+class RolloutStream:
+  """Keeps an `AgentLoop` running across policy updates (module docstring)."""
+
+  def __init__(self, engine, data_iter: Iterator[Sequence[PromptRecord]], cfg: AsyncConfig, *, n: int,
+               prompts_per_step: int, score: Callable[[list[Episode], PromptRecord], Any], key: jax.Array,
+               on_draw: Callable[[], None] | None = None):
+    """
+    Args:
+      engine: the `RolloutEngine` (tokenizer, sampler, executor, limits).
+      data_iter: yields prompt batches (the trainer's grain iterator; its position is checkpointed with the run).
+      cfg: AsyncConfig.
+      n: samples per prompt.
+      prompts_per_step: prompts per batch (the stride of group ids).
+      score: `(episodes of one group, its record) -> Scored`, called as each group finishes.
+      key: the sampling key; the loop's cache is drawn from `fold_in(key, restart)` at each (re)start.
+      on_draw: called after each batch is drawn from `data_iter` (the trainer counts prompts).
+    """
+    self.engine, self.data_iter, self.cfg, self.n = engine, data_iter, cfg, n
+    self.stride = prompts_per_step
+    self.score, self.key, self.on_draw = score, key, on_draw
+    self.batches: collections.OrderedDict[int, Batch] = collections.OrderedDict()
+    self.next_draw = 0        # index of the next batch to draw from data_iter
+    self.next_admit = 0       # first batch whose groups are not all admitted
+    self.consumed = 0         # batches handed to the trainer
+    self.restarts = 0
+    self.stats = StreamStats()
+    self._admitted: dict[int, int] = {}  # batch -> groups of it added to the loop
+    self._sampler_version = 0
+    self._latest_version = -1
+    self._gen_mark = 0
+    self._sampler_params = None
+    self._pending: collections.deque = collections.deque()  # (version, params, segments left before it applies)
+    self.loop = self._new_loop()
+
+  # ------------------------------------------------------------------------------------------------ weights
+  def set_params(self, params, version: int) -> None:
+    """The trainer's params of `version` (after its update was dispatched). They reach the sampler after
+    `weight_sync_segments` decode segments (colocated default: at once)."""
+    placed = self.engine.sampler.place_params(params)
+    self._latest_version = version
+    if self._sampler_params is None:
+      self._sampler_params, self._sampler_version = placed, version
+      return
+    self._pending.append([version, placed, self.cfg.weight_sync_segments])
+
+  def _apply_weights(self, force: bool = False) -> None:
+    while self._pending and (force or self._pending[0][2] <= 0):
+      version, params, _ = self._pending.popleft()
+      self._sampler_params, self._sampler_version = params, version
+      self.stats.weight_syncs += 1
+      if self.cfg.partial == "recompute" and self.loop.occupied:
+        t0 = time.perf_counter()
+        self.stats.recomputed_tokens += self.loop.recompute(params)
+        self.stats.recompute_s += time.perf_counter() - t0
+
+  # ------------------------------------------------------------------------------------------------ batches
+  def _new_loop(self) -> AgentLoop:
+    e = self.engine
+    return AgentLoop(e.sampler, n=self.n, tokenizer=e.tokenizer, executor=e.executor, cfg=e.cfg,
+                     key=jax.random.fold_in(self.key, self.restarts))
+
+  def _draw(self) -> Batch:
+    rendered = self.engine.render(next(self.data_iter))
+    b = Batch(index=self.next_draw, records=rendered.records, ids=rendered.ids, skipped=len(rendered.skipped))
+    self.batches[b.index] = b
+    self.next_draw += 1
+    if self.on_draw is not None:
+      self.on_draw(b)
+    return b
+
+  def _admissible(self, j: int, version: int) -> bool:
+    """Batch j's groups may start: it is trained at step `version + (j - consumed)` at the latest, and its first
+    token would be drawn by the sampler's version."""
+    return version + (j - self.consumed) - self._sampler_version <= self.cfg.max_staleness
+
+  def _admit(self, version: int) -> None:
+    """Adds groups to the loop, in batch order, while its free slots can take them and admission allows."""
+    loop = self.loop
+    free = loop.b - loop.occupied - len(loop.queue) * self.n
+    while free >= self.n:
+      j = self.next_admit
+      if not self._admissible(j, version):
+        self.stats.admission_stalls += 1
+        return
+      b = self.batches.get(j) or self._draw()
+      todo = [p for p in range(self._admitted.get(j, 0), len(b.records)) if p not in b.groups]
+      take = todo[:free // self.n]
+      if take:
+        loop.add([b.ids[p] for p in take], groups=[_group_id(j, p, self.stride) for p in take])
+        free -= len(take) * self.n
+      if len(take) == len(todo):  # every group of batch j is in the loop or finished
+        self._admitted.pop(j, None)
+        self.next_admit += 1
+      else:
+        self._admitted[j] = take[-1] + 1
+
+  def _collect(self) -> None:
+    for gid, eps in self.loop.pop_finished_groups():
+      j, p = divmod(gid, self.stride)
+      b = self.batches[j]
+      eps = [dataclasses.replace(e, group=0) for e in eps]
+      t0 = time.perf_counter()
+      scored = self.score(eps, b.records[p])
+      self.stats.scoring_s += time.perf_counter() - t0
+      b.groups[p] = (eps, scored)
+
+  def next_batch(self, params, version: int) -> Batch:
+    """Runs the stream until the oldest untrained batch is complete and returns it (consumed).
+
+    Args:
+      params: the trainer's current params (version `version`); they reach the sampler per `set_params`'s rule.
+      version: the trainer's policy version (its step).
+    """
+    t0 = time.perf_counter()
+    if version > self._latest_version:
+      self.set_params(params, version)
+    target = self.consumed
+    while True:
+      self._apply_weights(force=self._blocked(target, version))
+      self._admit(version)
+      b = self.batches.get(target)
+      if b is not None and b.complete:
+        break
+      if not self.loop.busy:
+        raise AssertionError(f"rollout stream: batch {target} is incomplete and nothing is running")
+      ls = self.loop.stats
+      calls_before, active_before, tools_before = ls.decode_calls, ls.active_rows, ls.tool_wait_s
+      self.loop.step(self._sampler_params, self._sampler_version)
+      self.stats.tool_wait_s += ls.tool_wait_s - tools_before
+      if ls.decode_calls > calls_before:
+        self.stats.occupied_rows += ls.active_rows - active_before
+        self.stats.rounds += 1
+        for p in self._pending:
+          p[2] -= 1
+      self._collect()
+    self.batches.pop(target)
+    self._admitted.pop(target, None)
+    self.consumed += 1
+    stale = [p for p, (eps, _) in b.groups.items() if version - min(e.version_first for e in eps)
+             > self.cfg.max_staleness]
+    for p in stale:
+      del b.groups[p]
+    self.stats.stale_dropped += len(stale)
+    self.stats.rollout_s += time.perf_counter() - t0
+    return b
+
+  def _blocked(self, target: int, version: int) -> bool:
+    """The sampler must take pending weights now: nothing else can run (every admissible group finished or
+    admission waits for the version), so waiting for more decode segments would never end."""
+    if not self._pending:
+      return False
+    return not self.loop.busy or (self.loop.occupied == 0 and not self._admissible(self.next_admit, version))
+
+  # ------------------------------------------------------------------------------------------------ stats
+  def take_stats(self) -> StreamStats:
+    out, self.stats = self.stats, StreamStats()
+    out.generated_tokens = self.loop.stats.generated_tokens - self._gen_mark
+    self._gen_mark = self.loop.stats.generated_tokens
+    if out.rounds:
+      out.occupied_rows /= out.rounds
+    return out
+
+  @property
+  def buffered_groups(self) -> int:
+    """Finished groups waiting for training."""
+    return sum(len(b.groups) for b in self.batches.values())
+
+  @property
+  def in_flight_groups(self) -> int:
+    return len(self.loop.in_flight_groups()) + len(self.loop.queue)
+
+  # ------------------------------------------------------------------------------------------------ checkpoint
+  def state_dict(self, params, version: int) -> dict:
+    """Aborts the groups in flight (they restart from their prompts), hands the sampler the trainer's params of
+    `version` at once, and returns what a checkpoint keeps: the untrained batches (records, rendered prompts,
+    finished groups) and the counters. Call it at the same steps in every run (every checkpoint), so interrupted
+    and uninterrupted runs stay the same function."""
+    self.restarts += 1
+    dropped = self.loop.abort(jax.random.fold_in(self.key, self.restarts))
+    self.stats.aborted_groups += len(dropped)
+    self._admitted = {}
+    self.next_admit = self.consumed
+    if version > self._latest_version:
+      self.set_params(params, version)
+    self._apply_weights(force=True)
+    return {"batches": [{"index": b.index, "records": b.records, "ids": b.ids, "skipped": b.skipped,
+                         "groups": b.groups} for b in self.batches.values()],
+            "next_draw": self.next_draw, "consumed": self.consumed, "restarts": self.restarts}
+
+  def load_state_dict(self, state: dict) -> None:
+    """Restores `state_dict`'s output (a resumed run): the untrained batches and the counters."""
+    self.batches = collections.OrderedDict()
+    for d in state["batches"]:
+      b = Batch(index=d["index"], records=d["records"], ids=d["ids"], skipped=d["skipped"], groups=d["groups"])
+      self.batches[b.index] = b
+    self.next_draw, self.consumed, self.restarts = state["next_draw"], state["consumed"], state["restarts"]
+    self.next_admit = self.consumed
+    self._admitted = {}
+    self._gen_mark = 0
+    self.loop = self._new_loop()
