@@ -411,9 +411,9 @@ def grpo_objective(
   Off-policy correction (cfg.needs_proximal_logp), w the behaviour weight (1 when on-policy) and `mask` the
   mask after rejection (see rl/offpolicy.py):
     - micro-batches (a shared `norm`): run `offpolicy.correct(cfg.correction, ...)` once on the whole mini-batch,
-      and pass its `mask` (to agg_normaliser too) and its `weight` as `is_weight`;
+      and pass its `mask` (to agg_normaliser too) and its `weight` as `is_weight` (None for rejection only);
     - a whole mini-batch (`norm` None): pass `logp_sampler` (and `segment_ids` for packed rows) and the
-      correction is computed here, its metrics included.
+      correction is computed here, its metrics included (only the metrics at the on-policy defaults).
 
   Args:
     cfg: LossConfig (static).
@@ -437,16 +437,19 @@ def grpo_objective(
     entropy, kl_ref, and the off-policy metrics of `offpolicy.correct` when it runs here.
   """
   corr_metrics = {}
-  if cfg.needs_proximal_logp and is_weight is None:
-    if logp_sampler is None:
-      raise ValueError("LossConfig corrects off-policy data (tis_cap, behav_imp_weight_cap or rejection) but "
-                       "neither logp_sampler nor is_weight was given")
-    if norm is not None:
-      raise ValueError("grpo_objective: with a shared `norm` (micro-batches) run offpolicy.correct on the whole "
-                       "mini-batch first and pass its mask and weight (is_weight)")
+  if is_weight is None and norm is None and logp_sampler is not None:  # the whole mini-batch: correct it here
     corr = offpolicy.correct(cfg.correction, logp_prox=logp_old, logp_behav=logp_sampler, mask=mask,
                              segment_ids=segment_ids)
-    mask, is_weight, corr_metrics = corr.mask, corr.weight, corr.metrics
+    if cfg.needs_proximal_logp:
+      mask = corr.mask
+    is_weight, corr_metrics = corr.weight, corr.metrics
+  elif cfg.needs_proximal_logp and is_weight is None:
+    if norm is None:
+      raise ValueError("LossConfig corrects off-policy data (tis_cap, behav_imp_weight_cap or rejection) but "
+                       "neither logp_sampler nor is_weight was given")
+    if cfg.correction.weights_loss:
+      raise ValueError("grpo_objective: with a shared `norm` (micro-batches) run offpolicy.correct on the whole "
+                       "mini-batch first and pass its weight (is_weight) and mask")
   norm = agg_normaliser(mask, cfg.loss_scale_factor) if norm is None else norm
   out = get_loss(cfg.policy_loss)(logp, logp_old, advantages, mask, cfg)
   mode = cfg.loss_agg_mode

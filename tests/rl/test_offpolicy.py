@@ -397,6 +397,15 @@ def test_precomputed_weights_on_micro_batches_add_up():
   with pytest.raises(ValueError, match="is_weight"):
     L.grpo_objective(cfg, logp=logp, logp_old=logp_old, advantages=adv, mask=mask, logp_sampler=sampler,
                      norm=L.agg_normaliser(mask))
+  # Rejection alone weights nothing: micro-batches pass only the rejected mask (and no is_weight).
+  rs = L.LossConfig(**O.preset("decoupled_k3_rs"))
+  corr = O.correct(rs.correction, logp_prox=logp_old, logp_behav=sampler, mask=mask)
+  assert corr.weight is None and not corr.mask.all()
+  norm = L.agg_normaliser(corr.mask)
+  micro = [L.grpo_objective(rs, logp=logp[i:i + b], logp_old=logp_old[i:i + b], advantages=adv[i:i + b],
+                            mask=corr.mask[i:i + b], norm=norm)[0] for i in range(0, k * b, b)]
+  whole = L.grpo_objective(rs, logp=logp, logp_old=logp_old, advantages=adv, mask=mask, logp_sampler=sampler)[0]
+  np.testing.assert_allclose(sum(micro), whole, rtol=1e-5)
 
 
 # ---------------------------------------------------------------- config, presets, host-side metrics and alarms

@@ -107,6 +107,24 @@ def test_corrected_update_is_exact_over_micro_batches_and_matches_the_objective(
     assert m_big[k] == pytest.approx(float(m[k]), rel=1e-5), k
 
 
+def test_rejection_only_update_matches_the_objective():
+  """verl's K3 rejection preset (no weights): micro-batches get the rejected mask only."""
+  loss_cfg = losses.LossConfig(**offpolicy.preset("decoupled_k3_rs"))
+  batch = _batch(packed=False, seed=1)
+  _, m = _step(loss_cfg, 1, batch)
+  graphdef, _, host = _init()
+  logp, _ = jax.jit(lambda p, t: update_lib.token_logprobs(graphdef, p, {"tokens": t}, logits_chunk_size=8))(
+      host.params, batch["tokens"])
+  mask = np.asarray(batch["loss_mask"]).copy()
+  mask[:, 0] = 0
+  loss, want = losses.grpo_objective(loss_cfg, logp=logp, logp_old=batch["old_logp"], mask=mask,
+                                     advantages=np.broadcast_to(batch["advantages"][:, None], (B, T)),
+                                     logp_sampler=batch["sampler_logp"])
+  assert 0 < m["rejected_seq_frac"] < 1 and m["tokens"] < m["is_tokens"]
+  assert m["loss"] == pytest.approx(float(loss), rel=1e-5)
+  assert m["rejected_token_frac"] == pytest.approx(float(want["rejected_token_frac"]))
+
+
 def test_defaults_are_bitwise_unchanged_by_the_sampler_logprobs():
   """Recipe defaults: "sampler_logp" in the batch adds the off-policy metrics and changes nothing else, bit for
   bit; an on-policy batch (sampler = trainer) under a full correction also gives the default step bit for bit."""
