@@ -22,7 +22,9 @@ from typing import Callable, NamedTuple
 
 import jax.numpy as jnp
 from jax import lax
-from jaxtyping import Array, Float, Scalar, Shaped
+from jaxtyping import Array, Float, Int, Scalar, Shaped
+
+from agentrl_jax.rl import offpolicy
 
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 4.9e8 stays finite in float32; verl clamps the same way.
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -53,7 +55,9 @@ _KLS: dict[str, KLFn] = {}
 
 
 def register_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-  """Registers a policy loss `fn(logp, logp_old, advantages, mask, cfg, logp_sampler=None)` under `name`."""
+  """Registers a policy loss `fn(logp, logp_old, advantages, mask, cfg)` under `name`.
+
+  The per-token loss it returns is unweighted: `grpo_objective` applies the off-policy behaviour weight."""
 
   def deco(fn: PolicyLossFn) -> PolicyLossFn:
     if name in _LOSSES and _LOSSES[name] is not fn:
@@ -109,8 +113,20 @@ class LossConfig:
     entropy_coeff: loss -= entropy_coeff * agg(entropy). 0 (the recipe): entropy is only a metric.
     kl_coeff: loss += kl_coeff * agg(kl(logp, logp_ref)). 0 (the recipe): no reference model is needed.
     kl_type: registered KL estimator name (k1, k2, k3/low_var_kl, abs, k1+, k3+).
-    tis_cap: truncated importance sampling between sampler and trainer log-probs: each token's loss is
-      weighted by min(exp(logp_old - logp_sampler), tis_cap). None disables.
+    tis_cap: truncated importance sampling (verl's TIS) between the sampler (behaviour policy) and the trainer's
+      recomputation (proximal policy): each token's loss is weighted by the behaviour weight
+      w = pi_prox / pi_behav at `is_level`, truncated: min(w, tis_cap). None disables.
+    is_level: registered level of the behaviour weight (offpolicy.register_is_level): "token" (w per token) or
+      "sequence" (the product of w over the token's sequence; verl's sequence IS). Used when a cap is set.
+    behav_imp_weight_cap: AReaL's decoupled PPO: the loss is weighted by w, and set to 0 where w exceeds the cap
+      (AReaL's token_mask mode; such tokens stay in the normaliser). Must be > 1 (inf: w uncapped). Composes
+      with tis_cap (w zeroed above this cap, then truncated at tis_cap). None disables.
+    rejection: verl's rollout_rs: comma-separated rejection options (offpolicy.REJECTIONS, e.g. "seq_mean_k1"
+      geometric-mean rejection, "seq_mean_k3" K3 rejection, "token_k1"): tokens, or whole sequences, whose
+      behaviour-vs-trainer divergence is out of bounds leave the loss mask (and the normalisers). None disables.
+    rejection_threshold: verl's rollout_rs_threshold for `rejection` (one spec, or one per option; k1: "lo_hi"
+      ratio bounds); None: verl's preset defaults (seq_mean_k1 "0.999_1.001", seq_mean_k3 0.01, seq_sum_k1
+      "0.5_2.0"). `offpolicy.preset(name)` gives verl's and AReaL's presets as field values.
   """
 
   policy_loss: str = "ppo_clip"
@@ -123,6 +139,10 @@ class LossConfig:
   kl_coeff: float = 0.0
   kl_type: str = "low_var_kl"
   tis_cap: float | None = None
+  is_level: str = "token"
+  behav_imp_weight_cap: float | None = None
+  rejection: str | None = None
+  rejection_threshold: str | float | None = None
 
   def __post_init__(self):
     def bad(field: str, why: str):
@@ -154,11 +174,45 @@ class LossConfig:
       bad("kl_type", f"must be one of {sorted(_KLS)}")
     if self.tis_cap is not None and self.tis_cap <= 0.0:
       bad("tis_cap", "must be > 0 (or None to disable)")
+    if self.is_level not in offpolicy.is_levels():
+      bad("is_level", f"must be one of {offpolicy.is_levels()}")
+    v = self.behav_imp_weight_cap
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 1.0):
+      bad("behav_imp_weight_cap", "must be None or a number > 1 (inf: uncapped), as AReaL requires")
+    if self.rejection is None and self.rejection_threshold is not None:
+      bad("rejection_threshold", "is set but LossConfig.rejection is None")
+    if self.rejection is not None:
+      if not isinstance(self.rejection, str):
+        bad("rejection", "must be None or a string of comma-separated options")
+      try:
+        offpolicy.parse_rejection(self.rejection, self.rejection_threshold)
+      except ValueError as e:
+        field = "rejection_threshold" if "threshold" in str(e) else "rejection"
+        bad(field, str(e))
 
   @property
   def needs_reference(self) -> bool:
     """Whether a reference model must be loaded and run (only when the KL term is on)."""
     return self.kl_coeff > 0.0
+
+  @property
+  def correction(self) -> offpolicy.CorrectionConfig | None:
+    """The off-policy correction these fields ask for; None when the loss is on-policy (the recipe)."""
+    if self.tis_cap is None and self.behav_imp_weight_cap is None and self.rejection is None:
+      return None
+    rules = () if self.rejection is None else offpolicy.parse_rejection(self.rejection, self.rejection_threshold)
+    return offpolicy.CorrectionConfig(is_level=self.is_level, tis_cap=self.tis_cap,
+                                      behav_imp_weight_cap=self.behav_imp_weight_cap, rules=rules)
+
+  @property
+  def needs_proximal_logp(self) -> bool:
+    """Whether the loss corrects for the behaviour policy (tis_cap, behav_imp_weight_cap or rejection set).
+
+    Then the update needs both "sampler_logp" (the behaviour policy's log-probs) and "old_logp" recomputed by the
+    trainer before the update (the proximal policy): with old_logp = sampler_logp (rl.reuse_sampler_logp) every
+    weight is exactly 1 and nothing is ever rejected, so the correction would silently do nothing.
+    """
+    return self.correction is not None
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -216,16 +270,16 @@ def ppo_clip_loss(
     advantages: Float[Array, "B T"],
     mask: Mask,
     cfg: LossConfig,
-    logp_sampler: Float[Array, "B T"] | None = None,
 ) -> PolicyLossOutput:
-  """Clipped PPO/GRPO surrogate with clip-higher, dual clip and optional truncated IS, per token.
+  """Clipped PPO/GRPO surrogate with clip-higher, dual clip, per token.
 
   ratio = exp(clip(logp - logp_old, -20, 20)). Per token (eps_l, eps_h, c from cfg):
     A > 0: -A * min(ratio, 1 + eps_h)                      (clip_high where ratio > 1 + eps_h)
     A < 0: -A * min(max(ratio, 1 - eps_l), c)              (clip_low where ratio < 1 - eps_l,
                                                              dual_clip where ratio > c)
   which equals verl's max(-A r, -A clip(r)) then min(., -A c) for A < 0. A clipped token has zero
-  gradient. With cfg.tis_cap the loss is multiplied by the constant min(exp(logp_old - logp_sampler), cap).
+  gradient. Off-policy weights (cfg.tis_cap, ...) are applied by `grpo_objective`, as verl multiplies
+  pg_losses by rollout_is_weights after the clip.
 
   Args:
     logp: [B, T] current policy log-probs (differentiated).
@@ -233,7 +287,6 @@ def ppo_clip_loss(
     advantages: [B, T] per-token advantages (0 on masked tokens).
     mask: [B, T] nonzero on trained tokens.
     cfg: LossConfig.
-    logp_sampler: [B, T] sampler log-probs; required when cfg.tis_cap is set.
 
   Returns:
     PolicyLossOutput with all fields zero where mask is 0.
@@ -258,23 +311,8 @@ def ppo_clip_loss(
   eff_ratio = jnp.where(is_high, hi, jnp.where(is_low, lo, eff_ratio))
   loss = -adv * eff_ratio
 
-  if cfg.tis_cap is not None:
-    if logp_sampler is None:
-      raise ValueError("LossConfig.tis_cap is set but no logp_sampler was given")
-    loss = loss * tis_weights(logp_old, logp_sampler, mask, cfg.tis_cap)
-
   f = lambda b: b.astype(jnp.float32)  # noqa: E731
   return PolicyLossOutput(jnp.where(m, loss, 0.0), f(is_high), f(is_low), f(is_dual))
-
-
-def tis_weights(
-    logp_old: Float[Array, "B T"], logp_sampler: Float[Array, "B T"], mask: Mask, cap: float
-) -> Float[Array, "B T"]:
-  """Truncated importance weights min(exp(logp_old - logp_sampler), cap), no gradient, 0 where masked."""
-  m = mask != 0
-  d = jnp.where(m, logp_old.astype(jnp.float32) - logp_sampler.astype(jnp.float32), 0.0)
-  w = jnp.minimum(jnp.exp(jnp.clip(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), cap)
-  return lax.stop_gradient(jnp.where(m, w, 0.0))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -362,11 +400,20 @@ def grpo_objective(
     entropy: Float[Array, "B T"] | None = None,
     logp_ref: Float[Array, "B T"] | None = None,
     logp_sampler: Float[Array, "B T"] | None = None,
+    segment_ids: Int[Array, "B T"] | None = None,
+    is_weight: Float[Array, "B T"] | None = None,
 ) -> tuple[Scalar, dict[str, Scalar]]:
-  """Scalar loss = agg(policy loss) - entropy_coeff * agg(entropy) + kl_coeff * agg(kl to reference).
+  """Scalar loss = agg(w * policy loss) - entropy_coeff * agg(entropy) + kl_coeff * agg(kl to reference).
 
   All terms use cfg.loss_agg_mode and the shared `norm`; every metric is a token-mean with norm.num_tokens.
   So the loss, its gradient and every metric are additive over micro-batches (module docstring).
+
+  Off-policy correction (cfg.needs_proximal_logp), w the behaviour weight (1 when on-policy) and `mask` the
+  mask after rejection (see rl/offpolicy.py):
+    - micro-batches (a shared `norm`): run `offpolicy.correct(cfg.correction, ...)` once on the whole mini-batch,
+      and pass its `mask` (to agg_normaliser too) and its `weight` as `is_weight` (None for rejection only);
+    - a whole mini-batch (`norm` None): pass `logp_sampler` (and `segment_ids` for packed rows) and the
+      correction is computed here, its metrics included (only the metrics at the on-policy defaults).
 
   Args:
     cfg: LossConfig (static).
@@ -377,19 +424,36 @@ def grpo_objective(
     norm: mini-batch normalisers from agg_normaliser; None: this batch is the mini-batch.
     entropy: [B, T] per-token entropy; required when cfg.entropy_coeff != 0, else only a metric.
     logp_ref: [B, T] reference log-probs; required when cfg.kl_coeff > 0.
-    logp_sampler: [B, T] sampler log-probs; required when cfg.tis_cap is set.
+    logp_sampler: [B, T] sampler log-probs (behaviour policy; `logp_old` is then the proximal policy); required
+      when cfg.needs_proximal_logp and no `is_weight` is given.
+    segment_ids: [B, T] packed-sequence ids (sequence-level corrections); None: one sequence per row.
+    is_weight: [B, T] precomputed behaviour weight (offpolicy.correct(...).weight); the loss is multiplied by it.
 
   Returns:
     (loss, metrics) with metrics: loss, pg_loss, clip_frac_high, clip_frac_low, clip_frac_dual, clip_frac,
     clip_high_reachable (tokens with A > 0 and old probability below 1 / (1 + clip_high): the only ones the
     upper bound can bind on),
     ppo_kl (k1 estimate of KL(old || current), verl's), approx_kl (k3 estimate of the same), and when given:
-    entropy, kl_ref, tis_weight (mean TIS weight).
+    entropy, kl_ref, and the off-policy metrics of `offpolicy.correct` when it runs here.
   """
+  corr_metrics = {}
+  if is_weight is None and norm is None and logp_sampler is not None:  # the whole mini-batch: correct it here
+    corr = offpolicy.correct(cfg.correction, logp_prox=logp_old, logp_behav=logp_sampler, mask=mask,
+                             segment_ids=segment_ids)
+    if cfg.needs_proximal_logp:
+      mask = corr.mask
+    is_weight, corr_metrics = corr.weight, corr.metrics
+  elif cfg.needs_proximal_logp and is_weight is None:
+    if norm is None:
+      raise ValueError("LossConfig corrects off-policy data (tis_cap, behav_imp_weight_cap or rejection) but "
+                       "neither logp_sampler nor is_weight was given")
+    if cfg.correction.weights_loss:
+      raise ValueError("grpo_objective: with a shared `norm` (micro-batches) run offpolicy.correct on the whole "
+                       "mini-batch first and pass its weight (is_weight) and mask")
   norm = agg_normaliser(mask, cfg.loss_scale_factor) if norm is None else norm
-  out = get_loss(cfg.policy_loss)(logp, logp_old, advantages, mask, cfg, logp_sampler=logp_sampler)
+  out = get_loss(cfg.policy_loss)(logp, logp_old, advantages, mask, cfg)
   mode = cfg.loss_agg_mode
-  pg_loss = aggregate(out.loss, mask, mode, norm)
+  pg_loss = aggregate(out.loss if is_weight is None else out.loss * is_weight, mask, mode, norm)
   tok_mean = lambda x: aggregate(lax.stop_gradient(x), mask, "token-mean", norm)  # noqa: E731
 
   loss = pg_loss
@@ -423,7 +487,6 @@ def grpo_objective(
     kl = get_kl(cfg.kl_type)(lp, jnp.where(m, logp_ref, 0.0))
     loss = loss + cfg.kl_coeff * aggregate(kl, mask, mode, norm)
     metrics["kl_ref"] = tok_mean(kl)
-  if cfg.tis_cap is not None and logp_sampler is not None:
-    metrics["tis_weight"] = tok_mean(tis_weights(logp_old, logp_sampler, mask, cfg.tis_cap))
+  metrics.update(corr_metrics)
   metrics["loss"] = loss
   return loss, metrics

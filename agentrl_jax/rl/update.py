@@ -12,7 +12,9 @@ Batch layout (every array is token-aligned, [B, T] unless noted; B is the mini-b
   loss_mask     any  [B, T]  nonzero on model-generated tokens to train on; 0 on prompt, tool output, padding.
   advantages    f32  [B] or [B, T]  per sequence (broadcast over the mask) or per token.
   old_logp      f32  [B, T]  log p_old(tokens[b, t] | tokens[b, :t]), from `make_logprobs_fn`.
-  sampler_logp  f32  [B, T]  optional; the sampler's log-probs (needed when LossConfig.tis_cap is set).
+  sampler_logp  f32  [B, T]  the sampler's log-probs (behaviour policy); required iff LossConfig.needs_proximal_logp
+                             (off-policy correction: old_logp must then be the trainer's recomputation, the
+                             proximal policy). Without a correction it only feeds the off-policy metrics.
   ref_logp      f32  [B, T]  reference log-probs; required iff LossConfig.needs_reference (KL on).
   positions     int  [B, T]  optional RoPE positions (packed rows); default arange(T).
   segment_ids   int  [B, T]  optional packed-sequence ids (the first token of each segment must have mask 0:
@@ -41,7 +43,7 @@ from agentrl_jax import multihost
 from agentrl_jax.models import hf_io
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.rl import logprobs, losses
+from agentrl_jax.rl import logprobs, losses, offpolicy
 
 Batch = dict[str, Any]
 SCHEDULES = ("constant", "cosine")
@@ -316,8 +318,11 @@ def make_update_fn(
 
   Returns:
     update; metrics (float32 scalars): loss, pg_loss, clip_frac_high / _low / _dual, clip_frac, entropy,
-    ppo_kl, approx_kl (KL of the old policy to the current one, before the step), [kl_ref], [tis_weight],
-    grad_norm (before clipping), skipped (1.0 if the step was skipped), tokens, sequences, learning_rate.
+    ppo_kl, approx_kl (KL of the old policy to the current one, before the step), [kl_ref],
+    grad_norm (before clipping), skipped (1.0 if the step was skipped), tokens, sequences (trained, after any
+    rejection), learning_rate; with "sampler_logp" in the batch the off-policy metrics of `offpolicy.correct`
+    (is_weight_mean / _max, is_ess, behav_kl_k1 / _k3, behav_ppl_ratio, rejected_token_frac / _seq_frac, ...),
+    computed on the whole mini-batch: combine several updates' metrics with `offpolicy.reduce_update_metrics`.
   """
   tx = opt_cfg.make()
   schedule = opt_cfg.make_schedule()
@@ -333,7 +338,7 @@ def make_update_fn(
     return losses.grpo_objective(
         loss_cfg, logp=logp, logp_old=mb["old_logp"], advantages=adv, mask=mb["loss_mask"], norm=norm,
         entropy=entropy, logp_ref=mb.get("ref_logp") if loss_cfg.needs_reference else None,
-        logp_sampler=mb.get("sampler_logp"))
+        is_weight=mb.get("is_weight"))
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -365,11 +370,24 @@ def make_update_fn(
   def update(state: TrainState, batch: Batch, rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
     del rng
     required = REQUIRED_KEYS + (("ref_logp",) if loss_cfg.needs_reference else ())
-    required += ("sampler_logp",) if loss_cfg.tis_cap is not None else ()
+    required += ("sampler_logp",) if loss_cfg.needs_proximal_logp else ()
     b, _ = _check_batch(batch, REQUIRED_KEYS + OPTIONAL_KEYS, required, micro_batch_size)
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
       # Position 0 has no prediction (nothing precedes it), so it is never trained.
       batch = dict(batch, loss_mask=(batch["loss_mask"] != 0).at[:, 0].set(False))
+      offpolicy_metrics = {}
+      if "sampler_logp" in batch:
+        # Behaviour weights and rejection depend on the batch only (old vs sampler log-probs), not on the params:
+        # computed once on the whole mini-batch, so sequence-level rules see whole sequences, the normalisers
+        # count only kept tokens, and max / ESS are exact (micro-batch sums could not give them).
+        corr = offpolicy.correct(loss_cfg.correction, logp_prox=batch["old_logp"],
+                                 logp_behav=batch.pop("sampler_logp"), mask=batch["loss_mask"],
+                                 segment_ids=batch.get("segment_ids"))
+        offpolicy_metrics = corr.metrics
+        if loss_cfg.needs_proximal_logp:
+          batch["loss_mask"] = corr.mask
+        if corr.weight is not None:
+          batch["is_weight"] = corr.weight
       norm = losses.agg_normaliser(batch["loss_mask"], loss_cfg.loss_scale_factor)
       grads, metrics = grads_and_metrics(state.params, batch, norm, b // micro_batch_size)
 
@@ -389,7 +407,7 @@ def make_update_fn(
       new_state = TrainState(step=state.step + ok.astype(jnp.int32),
                              params=keep(params, state.params),
                              opt_state=keep(opt_state, state.opt_state))
-      metrics = dict(metrics, grad_norm=grad_norm, skipped=1.0 - ok.astype(jnp.float32),
+      metrics = dict(metrics, **offpolicy_metrics, grad_norm=grad_norm, skipped=1.0 - ok.astype(jnp.float32),
                      tokens=norm.num_tokens, sequences=norm.num_seqs,
                      learning_rate=jnp.asarray(schedule(state.step), jnp.float32))
     return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}

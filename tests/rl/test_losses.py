@@ -97,10 +97,14 @@ def test_tis_weights():
   logp_old = jnp.zeros((1, 3))
   logp_sampler = jnp.log(jnp.array([[1 / 3, 2.0, 1.0]]))  # weights exp(old - sampler) = 3 -> cap 2, 0.5, 1
   adv = jnp.ones((1, 3))
-  out = L.ppo_clip_loss(logp, logp_old, adv, jnp.ones((1, 3)), cfg, logp_sampler=logp_sampler)
-  np.testing.assert_allclose(out.loss[0], [-2.0, -0.5, -1.0], rtol=1e-6)
+  loss, m = L.grpo_objective(cfg, logp=logp, logp_old=logp_old, advantages=adv, mask=jnp.ones((1, 3)),
+                             logp_sampler=logp_sampler)
+  np.testing.assert_allclose(loss, (-2.0 - 0.5 - 1.0) / 3, rtol=1e-6)
+  np.testing.assert_allclose(m["pg_loss"], loss)
+  # The registered policy loss itself is unweighted.
+  np.testing.assert_allclose(L.ppo_clip_loss(logp, logp_old, adv, jnp.ones((1, 3)), cfg).loss[0], [-1.0] * 3)
   with pytest.raises(ValueError, match="logp_sampler"):
-    L.ppo_clip_loss(logp, logp_old, adv, jnp.ones((1, 3)), cfg)
+    L.grpo_objective(cfg, logp=logp, logp_old=logp_old, advantages=adv, mask=jnp.ones((1, 3)))
 
 
 # ---------------------------------------------------------------- non-finite inputs
