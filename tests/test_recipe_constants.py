@@ -188,6 +188,9 @@ IMPLEMENTATION = (
     "reward.sources",                                # extra data_source -> reward kind pairs
     "rl.micro_batch_size", "rl.logits_chunk_size", "rl.response_bucket_min", "rl.reuse_sampler_logp",
     "rl.dynamic_sampling_max_extra_rounds", "rl.pack_len",  # memory / compile shape knobs (verl: use_dynamic_bsz)
+    "rl.max_staleness", "rl.async_",                 # asynchronous RL (the reference's loop is synchronous: 0)
+    "rl.loss.tis_cap", "rl.loss.is_level", "rl.loss.behav_imp_weight_cap", "rl.loss.rejection",
+                                                     # off-policy correction (off, as the reference runs)
     "rl.max_infra_failure_frac", "rl.max_consecutive_nonfinite_steps",  # run guards the reference lacks (it
                                                      # scores a dead sandbox 0 and skips non-finite steps silently)
     "rollout.batch_size", "rollout.segment_len", "rollout.groups_per_prefill", "rollout.prompt_bucket_min",

@@ -111,7 +111,14 @@ def rl_config(**model) -> ml_collections.ConfigDict:
       max_staleness=0, async_placement="colocated", async_partial="continue", async_weight_sync_segments=0,
       async_sampler_devices=0,
       loss=dict(policy_loss="ppo_clip", clip_low=0.2, clip_high=0.28, dual_clip_c=10.0, loss_agg_mode="token-mean",
-                entropy_coeff=0.0, kl_coeff=0.0, kl_type="low_var_kl"),
+                entropy_coeff=0.0, kl_coeff=0.0, kl_type="low_var_kl",
+                # Off-policy correction between the sampler (behaviour) and the trainer's recomputation
+                # (proximal), for asynchronous runs; off in the recipe. `rl.offpolicy.preset(name)` gives verl's
+                # and AReaL's presets (e.g. "decoupled_token_is": AReaL's decoupled PPO with token TIS 2.0).
+                tis_cap=ml_collections.FieldReference(None, field_type=float), is_level="token",
+                behav_imp_weight_cap=ml_collections.FieldReference(None, field_type=float),
+                rejection=ml_collections.FieldReference(None, field_type=str),
+                rejection_threshold=ml_collections.FieldReference(None, field_type=str)),
       advantage=dict(estimator="grpo", norm_by_std=True)))
   config.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=1e-6, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, grad_clip=1.0, schedule="constant",

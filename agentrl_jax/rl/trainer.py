@@ -49,6 +49,7 @@ from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.rl import advantages as adv_lib
 from agentrl_jax.rl import batch as batch_lib
 from agentrl_jax.rl import losses
+from agentrl_jax.rl import offpolicy
 from agentrl_jax.rl import stream as stream_lib
 from agentrl_jax.rl import update as update_lib
 from agentrl_jax.rollout import engine as engine_lib
@@ -94,6 +95,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       raise ValueError(f"rl.pack_len needs rl.loss.loss_agg_mode='token-mean' (a packed row holds several "
                        f"sequences), got {loss_cfg.loss_agg_mode!r}")
   async_cfg = stream_lib.AsyncConfig.from_rl(rl)
+  if loss_cfg.needs_proximal_logp and rl.reuse_sampler_logp:
+    raise ValueError("rl.loss sets an off-policy correction, which weighs the trainer's recomputed log-probs (the "
+                     "proximal policy) against the sampler's (the behaviour policy); rl.reuse_sampler_logp=True "
+                     "makes them the same and the correction a no-op: set rl.reuse_sampler_logp=False")
+  # The sampler's log-probs go to the update when a correction weighs them, or when the trainer recomputes the
+  # old ones (then the update reports the behaviour-vs-trainer gap: IS weights, KL, perplexity ratio).
+  keep_sampler_logp = loss_cfg.needs_proximal_logp or not rl.reuse_sampler_logp
   # Named keys from one root: init (random weights), sample (rollouts), update; each folded with the step.
   root = jax.random.key(config.seed)
   init_key, sample_key, eval_key, update_key = jax.random.split(root, 4)
@@ -316,7 +324,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
           arrays["old_logp"] = logprobs(state.params, scoring)
         if ref_params is not None:
           arrays["ref_logp"] = logprobs(ref_params, scoring)
-        if loss_cfg.tis_cap is None:
+        if not keep_sampler_logp:
           arrays.pop("sampler_logp")
         minis.append(arrays)
       times["logprobs"] = time.perf_counter() - t0
@@ -354,7 +362,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
           "response/turns_mean": _mean([e.num_turns for e in episodes]),
           "groups/informative_frac": informative_total / max(groups_seen, 1), "groups/rounds": float(rounds),
           "groups/trained": float(len(records)),
-          **{f"train/{k}": _mean([float(u[k]) for u in updates]) for k in updates[0]},
+          **{f"train/{k}": v for k, v in offpolicy.reduce_update_metrics(updates).items()},
           **{f"time/{k}_s": v for k, v in times.items()}, "time/step_s": time.perf_counter() - t_step,
           # Idle: the trainer waited for its batch; the rollout had nothing to decode (blocked on tools, or the
           # host busy with the update and its bookkeeping).
@@ -367,6 +375,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       }
       if calls:
         last["response/tool_success_rate"] = 1.0 - failed / calls
+      for alarm in offpolicy.offpolicy_alarms(last):
+        log.warning("rl: step %d: %s", step, alarm)
       if stream is not None:
         last.update({"async/buffer_groups": float(stream.buffered_groups),
                      "async/in_flight_groups": float(stream.in_flight_groups),
