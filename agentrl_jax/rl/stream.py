@@ -87,6 +87,9 @@ class AsyncConfig:
       raise ValueError(f"AsyncConfig.placement: must be one of {PLACEMENTS}, got {self.placement!r}")
     if self.partial not in PARTIAL_MODES:
       raise ValueError(f"AsyncConfig.partial: must be one of {PARTIAL_MODES}, got {self.partial!r}")
+    if self.placement == "colocated" and self.weight_sync_segments:
+      raise ValueError("AsyncConfig.weight_sync_segments: must be 0 in the colocated placement (the sampler reads "
+                       "the trainer's own arrays, which the next update overwrites in place)")
     if self.placement == "disaggregated" and self.sampler_devices < 1:
       raise ValueError("AsyncConfig.sampler_devices: the disaggregated placement needs >= 1 sampler device")
 
@@ -136,7 +139,10 @@ class StreamStats:
   recomputed_tokens: int = 0
   generated_tokens: int = 0
   weight_syncs: int = 0
-  aborted_groups: int = 0
+  transfer_s: float = 0.0    # dispatching weight transfers (disaggregated) or reshards to the sampler's layout
+  weight_wait_s: float = 0.0  # disaggregated: the sampler blocked until new weights had arrived
+  buffered_groups: int = 0   # finished groups waiting for training, when the stats were taken
+  in_flight: int = 0         # groups in the loop (running or queued), when the stats were taken
   stale_dropped: int = 0     # groups older than max_staleness at consumption
   admission_stalls: int = 0  # scheduling rounds in which a free slot waited for the version to advance
   occupied_rows: float = 0.0  # mean rows decoding per decode segment
@@ -152,7 +158,7 @@ class RolloutStream:
 
   def __init__(self, engine, data_iter: Iterator[Sequence[PromptRecord]], cfg: AsyncConfig, *, n: int,
                prompts_per_step: int, score: Callable[[list[Episode], PromptRecord], Any], key: jax.Array,
-               on_draw: Callable[[], None] | None = None):
+               place: Callable[[Any], Any] | None = None, scripts: Callable | None = None):
     """
     Args:
       engine: the `RolloutEngine` (tokenizer, sampler, executor, limits).
@@ -162,11 +168,15 @@ class RolloutStream:
       prompts_per_step: prompts per batch (the stride of group ids).
       score: `(episodes of one group, its record) -> Scored`, called as each group finishes.
       key: the sampling key; the loop's cache is drawn from `fold_in(key, restart)` at each (re)start.
-      on_draw: called after each batch is drawn from `data_iter` (the trainer counts prompts).
+      place: the trainer's params -> the sampler's copy (disaggregated: `transfer.WeightTransfer`); default the
+        sampler's `place_params` (the same arrays, or a reshard onto its layout over the same devices).
+      scripts: teacher forcing for benchmarks (`AgentLoop`'s callable form: episode id -> turns).
     """
     self.engine, self.data_iter, self.cfg, self.n = engine, data_iter, cfg, n
     self.stride = prompts_per_step
-    self.score, self.key, self.on_draw = score, key, on_draw
+    self.score, self.key = score, key
+    self.place = place or engine.sampler.place_params
+    self.scripts = scripts
     self.batches: collections.OrderedDict[int, Batch] = collections.OrderedDict()
     self.next_draw = 0        # index of the next batch to draw from data_iter
     self.next_admit = 0       # first batch whose groups are not all admitted
@@ -185,18 +195,24 @@ class RolloutStream:
   def set_params(self, params, version: int) -> None:
     """The trainer's params of `version` (after its update was dispatched). They reach the sampler after
     `weight_sync_segments` decode segments (colocated default: at once)."""
-    placed = self.engine.sampler.place_params(params)
+    t0 = time.perf_counter()
+    placed = self.place(params)
+    self.stats.transfer_s += time.perf_counter() - t0
     self._latest_version = version
     if self._sampler_params is None:
       self._sampler_params, self._sampler_version = placed, version
       return
     self._pending.append([version, placed, self.cfg.weight_sync_segments])
 
-  def _apply_weights(self, force: bool = False) -> None:
+  def _apply_weights(self, force: bool = False, count: bool = True) -> None:
     while self._pending and (force or self._pending[0][2] <= 0):
       version, params, _ = self._pending.popleft()
+      if self.cfg.placement == "disaggregated":  # the sampler waits for the transfer (colocated: for nothing)
+        t0 = time.perf_counter()
+        jax.block_until_ready(params)
+        self.stats.weight_wait_s += time.perf_counter() - t0
       self._sampler_params, self._sampler_version = params, version
-      self.stats.weight_syncs += 1
+      self.stats.weight_syncs += count
       if self.cfg.partial == "recompute" and self.loop.occupied:
         t0 = time.perf_counter()
         self.stats.recomputed_tokens += self.loop.recompute(params)
@@ -206,15 +222,13 @@ class RolloutStream:
   def _new_loop(self) -> AgentLoop:
     e = self.engine
     return AgentLoop(e.sampler, n=self.n, tokenizer=e.tokenizer, executor=e.executor, cfg=e.cfg,
-                     key=jax.random.fold_in(self.key, self.restarts))
+                     key=jax.random.fold_in(self.key, self.restarts), scripts=self.scripts)
 
   def _draw(self) -> Batch:
     rendered = self.engine.render(next(self.data_iter))
     b = Batch(index=self.next_draw, records=rendered.records, ids=rendered.ids, skipped=len(rendered.skipped))
     self.batches[b.index] = b
     self.next_draw += 1
-    if self.on_draw is not None:
-      self.on_draw(b)
     return b
 
   def _admissible(self, j: int, version: int) -> bool:
@@ -303,6 +317,7 @@ class RolloutStream:
   # ------------------------------------------------------------------------------------------------ stats
   def take_stats(self) -> StreamStats:
     out, self.stats = self.stats, StreamStats()
+    out.buffered_groups, out.in_flight = self.buffered_groups, self.in_flight_groups
     out.generated_tokens = self.loop.stats.generated_tokens - self._gen_mark
     self._gen_mark = self.loop.stats.generated_tokens
     if out.rounds:
@@ -319,22 +334,22 @@ class RolloutStream:
     return len(self.loop.in_flight_groups()) + len(self.loop.queue)
 
   # ------------------------------------------------------------------------------------------------ checkpoint
-  def state_dict(self, params, version: int) -> dict:
+  def state_dict(self, params, version: int) -> tuple[dict, int]:
     """Aborts the groups in flight (they restart from their prompts), hands the sampler the trainer's params of
     `version` at once, and returns what a checkpoint keeps: the untrained batches (records, rendered prompts,
-    finished groups) and the counters. Call it at the same steps in every run (every checkpoint), so interrupted
-    and uninterrupted runs stay the same function."""
+    finished groups) and the counters, with the number of groups aborted. Call it at the same steps in every run
+    (every checkpoint), so interrupted and uninterrupted runs stay the same function (a resumed stream starts
+    from the same state: nothing in flight, the sampler on the checkpoint's weights)."""
     self.restarts += 1
     dropped = self.loop.abort(jax.random.fold_in(self.key, self.restarts))
-    self.stats.aborted_groups += len(dropped)
     self._admitted = {}
     self.next_admit = self.consumed
     if version > self._latest_version:
       self.set_params(params, version)
-    self._apply_weights(force=True)
+    self._apply_weights(force=True, count=False)
     return {"batches": [{"index": b.index, "records": b.records, "ids": b.ids, "skipped": b.skipped,
                          "groups": b.groups} for b in self.batches.values()],
-            "next_draw": self.next_draw, "consumed": self.consumed, "restarts": self.restarts}
+            "next_draw": self.next_draw, "consumed": self.consumed, "restarts": self.restarts}, len(dropped)
 
   def load_state_dict(self, state: dict) -> None:
     """Restores `state_dict`'s output (a resumed run): the untrained batches and the counters."""

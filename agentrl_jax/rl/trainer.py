@@ -51,6 +51,7 @@ from agentrl_jax.rl import batch as batch_lib
 from agentrl_jax.rl import losses
 from agentrl_jax.rl import offpolicy
 from agentrl_jax.rl import stream as stream_lib
+from agentrl_jax.rl import transfer as transfer_lib
 from agentrl_jax.rl import update as update_lib
 from agentrl_jax.rollout import engine as engine_lib
 from agentrl_jax.rollout import jobs
@@ -105,8 +106,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   # Named keys from one root: init (random weights), sample (rollouts), update; each folded with the step.
   root = jax.random.key(config.seed)
   init_key, sample_key, eval_key, update_key = jax.random.split(root, 4)
-  mesh = sharding_lib.mesh_from_config(config.mesh)
-  sampler_mesh = sharding_lib.sampler_mesh_from_config(config.get("sampler_mesh"), mesh)
+  if async_cfg.placement == "disaggregated":  # the sampler on devices of its own (rl/transfer.py)
+    mesh, sampler_mesh = transfer_lib.split_meshes(config.mesh, config.get("sampler_mesh"), async_cfg.sampler_devices)
+  else:
+    mesh = sharding_lib.mesh_from_config(config.mesh)
+    sampler_mesh = sharding_lib.sampler_mesh_from_config(config.get("sampler_mesh"), mesh)
 
   # ---------------------------------------------------------------------------------------------- data
   style = jobs.prompt_style(config.get("prompt_style"))
@@ -165,12 +169,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     eval_engine = engine_lib.RolloutEngine.create(
         graphdef, model_cfg, tokenizer, executor, rollout_cfg, temperature=ev.temperature, top_p=ev.top_p,
         top_k=ev.top_k, advertise_tools=config.rollout.advertise_tools, mesh=sampler_mesh, params=state.params)
+  to_sampler = None  # disaggregated: the compiled weight transfer to the sampler's devices
+  if async_cfg.placement == "disaggregated":
+    to_sampler = transfer_lib.WeightTransfer(shardings.params, engine.sampler.param_shardings)
+    t0 = time.perf_counter()
+    jax.block_until_ready(to_sampler(state.params))
+    log.info("rl: sampler on %d devices, trainer on %d; a weight transfer takes %.3f s (first, compile included)",
+             sampler_mesh.devices.size, mesh.devices.size, time.perf_counter() - t0)
   stream = None
   if async_cfg.enabled:  # the rollout stream of asynchronous RL (agentrl_jax/rl/stream.py)
     score_kw = dict(tokenizer=tokenizer, executor=executor, reward_cfg=reward_cfg, shaping_cfg=shaping_cfg,
                     max_workers=config.tools.max_concurrency or 8)
     stream = stream_lib.RolloutStream(
-        engine, data_iter, async_cfg, n=n, prompts_per_step=rl.prompts_per_step, key=sample_key,
+        engine, data_iter, async_cfg, n=n, prompts_per_step=rl.prompts_per_step, key=sample_key, place=to_sampler,
         score=lambda eps, record: batch_lib.score_episodes(eps, [record], **score_kw))
     stream_dir = os.path.join(workdir, "stream")
     if step:
@@ -186,7 +197,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     if stream is not None and (force or ckpt.should_save(step)) and step not in ckpt.all_steps():
       # The stream's untrained batches go beside the checkpoint, written before it (a checkpoint is visible only
       # once committed, so a kill in between leaves the previous pair).
-      multihost.write_pickle(os.path.join(stream_dir, f"{step}.pkl"), stream.state_dict(state.params, step))
+      stream_state, aborted = stream.state_dict(state.params, step)
+      counters["aborted_groups"] += aborted
+      multihost.write_pickle(os.path.join(stream_dir, f"{step}.pkl"), stream_state)
     saved = ckpt.maybe_save(step, {"train": state, "rng": rng}, data_iterator=data_iter, force=force,
                             metadata={**meta, "counters": counters})
     if saved and stream is not None:
@@ -194,12 +207,85 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     return saved
 
   def run_eval(step):
-    metrics, rows = eval_runner.evaluate(eval_engine, state.params, eval_records, n=config.eval.n,
+    params = state.params if to_sampler is None else to_sampler(state.params)
+    metrics, rows = eval_runner.evaluate(eval_engine, params, eval_records, n=config.eval.n,
                                          key=jax.random.fold_in(eval_key, step), reward_cfg=reward_cfg,
                                          ks=config.eval.ks, progress="eval", leave=False)
     writer.write(step, {f"eval/{k}" if not k.startswith("eval/") else k: v for k, v in metrics.items()})
     writer.write_samples(step, [dict(r, kind="eval") for r in rows[:config.eval.samples_to_log]])
     return metrics
+
+  def eval_due(step):
+    return eval_engine is not None and config.eval.every_steps and (step % config.eval.every_steps == 0
+                                                                    or step == total_steps)
+
+  def finish_step(d):
+    """Metrics, samples, evaluation and checkpoint of a step whose update was dispatched."""
+    nonlocal last, nonfinite_run
+    step, episodes, sc, valid, times = d["step"], d["episodes"], d["sc"], d["valid"], d["times"]
+    t0 = time.perf_counter()
+    updates = multihost.to_host(d["updates"])
+    times["update"] += time.perf_counter() - t0
+    skipped = int(sum(float(u["skipped"]) for u in updates))
+    nonfinite_run = nonfinite_run + 1 if skipped else 0
+    if skipped:
+      counters["nonfinite_steps"] += 1
+      log.warning("rl: step %d: %d of %d updates had a non-finite loss or gradient norm and were skipped "
+                  "(parameters unchanged); %d such step(s) in a row, the run stops at %d", step, skipped,
+                  len(updates), nonfinite_run, max_nonfinite)
+    calls = sum(e.num_tool_calls for e in episodes)
+    failed = sum(e.num_failed_calls for e in episodes)
+    lengths = np.array([e.response_len for e in episodes])
+    step_s = d["t_done"] - d["t_step"]
+    staleness = d["staleness"]
+    last = {
+        "reward/mean": _mean(sc.reward[valid]), "reward/score_mean": _mean(sc.score[valid]),
+        "reward/acc": _mean(sc.acc[valid]), "reward/overlong_frac": _mean(sc.truncated),
+        "reward/overlong_penalty_mean": _mean(sc.overlong_penalty), **d["tally"].metrics(),
+        "train/nonfinite_updates": float(skipped),
+        "response/length_mean": _mean(lengths), "response/length_max": float(lengths.max()),
+        "response/tool_calls_mean": calls / len(episodes),
+        "response/malformed_calls_mean": _mean([e.num_malformed_calls for e in episodes]),
+        "response/turns_mean": _mean([e.num_turns for e in episodes]),
+        "groups/informative_frac": d["informative_total"] / max(d["groups_seen"], 1),
+        "groups/rounds": float(d["rounds"]), "groups/trained": float(len(d["records"])),
+        **{f"train/{k}": v for k, v in offpolicy.reduce_update_metrics(updates).items()},
+        **{f"time/{k}_s": v for k, v in times.items()}, "time/step_s": step_s,
+        # Idle: the trainer waited for its batch; the rollout had nothing to decode (blocked on tools, or the
+        # host busy with the update and its bookkeeping).
+        "time/trainer_idle_frac": times["rollout"] / step_s,
+        "time/rollout_idle_frac": 1.0 - (times["rollout"] - times["tools"]) / step_s,
+        "async/staleness_mean": float(staleness.mean()), "async/staleness_max": float(staleness.max()),
+        "async/partial_frac": _mean([e.version_last > e.version_first for e in episodes]),
+        **{f"count/{k}": float(v) for k, v in counters.items()},
+        **compile_stats.metrics_since(compiled0),
+    }
+    if calls:
+      last["response/tool_success_rate"] = 1.0 - failed / calls
+    if (st := d["stream_stats"]) is not None:
+      last.update({"async/buffer_groups": float(st.buffered_groups), "async/in_flight_groups": float(st.in_flight),
+                   "async/weight_syncs": float(st.weight_syncs), "async/recomputed_tokens": float(st.recomputed_tokens),
+                   "time/weight_transfer_s": st.transfer_s, "time/weight_wait_s": st.weight_wait_s,
+                   "async/admission_stalls": float(st.admission_stalls), "async/occupied_rows": st.occupied_rows})
+    for alarm in offpolicy.offpolicy_alarms(last):
+      log.warning("rl: step %d: %s", step, alarm)
+    bar.set_postfix(reward=f"{last['reward/mean']:.3f}", acc=f"{last['reward/acc']:.3f}")
+    if step % config.log_every_steps == 0 or step == total_steps:
+      writer.write(step, last)
+    if config.samples_every_steps and (step % config.samples_every_steps == 0 or step == 1):
+      writer.write_samples(step, [{"kind": "train", "transcript": e.transcript, "reward": float(sc.reward[i]),
+                                   "acc": bool(sc.acc[i]), "pred": sc.pred[i], "advantage": float(d["adv"][i]),
+                                   "failure": sc.failure[i], "info": sc.info[i]}
+                                  for i, e in enumerate(episodes[:config.samples_per_log])])
+    if eval_due(step):
+      run_eval(step)
+    if nonfinite_run >= max_nonfinite:
+      raise batch_lib.RunStopped(
+          f"rl: step {step}: {nonfinite_run} steps in a row had updates with a non-finite loss or gradient norm "
+          f"(rl.max_consecutive_nonfinite_steps={max_nonfinite}); stopping. Their updates were skipped, so the "
+          "parameters stayed finite; the last checkpoint is kept (none is written for a non-finite step).")
+    if not skipped:  # a step whose update was skipped saves nothing: the last checkpoint stays the last finite one
+      save(step, force=step == total_steps)
 
   # ---------------------------------------------------------------------------------------------- loop
   writer = metrics_writer.MetricsWriter(workdir, start_step=step, config=config.to_dict(),
@@ -207,6 +293,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   bar = metrics_writer.progress_bar(total_steps, initial=step, desc="rl")
   last: dict[str, float] = {}
   nonfinite_run = 0  # consecutive steps with a skipped (non-finite) update
+  pending = None  # an asynchronous step whose update was dispatched and is finished after the next rollouts
   try:
     if eval_engine is not None and step == 0 and config.eval.at_start:
       run_eval(0)
@@ -223,7 +310,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
           round_records, eps, scored = rendered.records, [], None
           if rendered.ids:
             t0 = time.perf_counter()
-            eps, stats = engine.run(state.params, rendered.ids, n=n,
+            params = state.params if to_sampler is None else to_sampler(state.params)
+            eps, stats = engine.run(params, rendered.ids, n=n,
                                     key=jax.random.fold_in(jax.random.fold_in(sample_key, step), rounds))
             times["rollout"] += time.perf_counter() - t0
             times["tools"] += stats.tool_wait_s
@@ -259,12 +347,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         if (not rl.dynamic_sampling or len(records) >= rl.prompts_per_step
             or rounds > rl.dynamic_sampling_max_extra_rounds):
           break
+      if pending is not None:
+        finish_step(pending)
+        pending = None
       if stream is not None:
         st = stream.take_stats()
         times.update(rollout=st.rollout_s, tools=st.tool_wait_s, scoring=st.scoring_s, recompute=st.recompute_s)
         counters["generated_tokens"] += st.generated_tokens
         counters["stale_dropped"] += st.stale_dropped
-        counters["aborted_groups"] += st.aborted_groups
       counters["infra_failures"] += tally.count
       if tally.count:
         log.warning("rl: step %d: %d of %d responses could not be scored (%s); left out of the advantages",
@@ -335,71 +425,20 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
           key = jax.random.fold_in(jax.random.fold_in(update_key, step), epoch * len(minis) + i)
           state, m = update(state, arrays, key)
           updates.append(m)
-      updates = multihost.to_host(updates)
-      times["update"] = time.perf_counter() - t0
+      times["update"] = time.perf_counter() - t0  # dispatch; finish_step adds the wait for the results
       step += 1
       bar.update(1)
-      skipped = int(sum(float(u["skipped"]) for u in updates))
-      nonfinite_run = nonfinite_run + 1 if skipped else 0
-      if skipped:
-        counters["nonfinite_steps"] += 1
-        log.warning("rl: step %d: %d of %d updates had a non-finite loss or gradient norm and were skipped "
-                    "(parameters unchanged); %d such step(s) in a row, the run stops at %d", step, skipped,
-                    len(updates), nonfinite_run, max_nonfinite)
-
-      # ---- metrics, samples, evaluation, checkpoint
-      calls = sum(e.num_tool_calls for e in episodes)
-      failed = sum(e.num_failed_calls for e in episodes)
-      lengths = np.array([e.response_len for e in episodes])
-      last = {
-          "reward/mean": _mean(sc.reward[valid]), "reward/score_mean": _mean(sc.score[valid]),
-          "reward/acc": _mean(sc.acc[valid]), "reward/overlong_frac": _mean(sc.truncated),
-          "reward/overlong_penalty_mean": _mean(sc.overlong_penalty), **tally.metrics(),
-          "train/nonfinite_updates": float(skipped),
-          "response/length_mean": _mean(lengths), "response/length_max": float(lengths.max()),
-          "response/tool_calls_mean": calls / len(episodes),
-          "response/malformed_calls_mean": _mean([e.num_malformed_calls for e in episodes]),
-          "response/turns_mean": _mean([e.num_turns for e in episodes]),
-          "groups/informative_frac": informative_total / max(groups_seen, 1), "groups/rounds": float(rounds),
-          "groups/trained": float(len(records)),
-          **{f"train/{k}": v for k, v in offpolicy.reduce_update_metrics(updates).items()},
-          **{f"time/{k}_s": v for k, v in times.items()}, "time/step_s": time.perf_counter() - t_step,
-          # Idle: the trainer waited for its batch; the rollout had nothing to decode (blocked on tools, or the
-          # host busy with the update and its bookkeeping).
-          "time/trainer_idle_frac": times["rollout"] / (time.perf_counter() - t_step),
-          "time/rollout_idle_frac": 1.0 - (times["rollout"] - times["tools"]) / (time.perf_counter() - t_step),
-          "async/staleness_mean": float(staleness.mean()), "async/staleness_max": float(staleness.max()),
-          "async/partial_frac": _mean([e.version_last > e.version_first for e in episodes]),
-          **{f"count/{k}": float(v) for k, v in counters.items()},
-          **compile_stats.metrics_since(compiled0),
-      }
-      if calls:
-        last["response/tool_success_rate"] = 1.0 - failed / calls
-      for alarm in offpolicy.offpolicy_alarms(last):
-        log.warning("rl: step %d: %s", step, alarm)
-      if stream is not None:
-        last.update({"async/buffer_groups": float(stream.buffered_groups),
-                     "async/in_flight_groups": float(stream.in_flight_groups),
-                     "async/weight_syncs": float(st.weight_syncs), "async/recomputed_tokens": float(st.recomputed_tokens),
-                     "async/admission_stalls": float(st.admission_stalls), "async/occupied_rows": st.occupied_rows})
-      bar.set_postfix(reward=f"{last['reward/mean']:.3f}", acc=f"{last['reward/acc']:.3f}")
-      if step % config.log_every_steps == 0 or step == total_steps:
-        writer.write(step, last)
-      if config.samples_every_steps and (step % config.samples_every_steps == 0 or step == 1):
-        writer.write_samples(step, [{"kind": "train", "transcript": e.transcript, "reward": float(sc.reward[i]),
-                                     "acc": bool(sc.acc[i]), "pred": sc.pred[i], "advantage": float(adv[i]),
-                                     "failure": sc.failure[i], "info": sc.info[i]}
-                                    for i, e in enumerate(episodes[:config.samples_per_log])])
-      if eval_engine is not None and config.eval.every_steps and (step % config.eval.every_steps == 0
-                                                                  or step == total_steps):
-        run_eval(step)
-      if nonfinite_run >= max_nonfinite:
-        raise batch_lib.RunStopped(
-            f"rl: step {step}: {nonfinite_run} steps in a row had updates with a non-finite loss or gradient norm "
-            f"(rl.max_consecutive_nonfinite_steps={max_nonfinite}); stopping. Their updates were skipped, so the "
-            "parameters stayed finite; the last checkpoint is kept (none is written for a non-finite step).")
-      if not skipped:  # a step whose update was skipped saves nothing: the last checkpoint stays the last finite one
-        save(step, force=step == total_steps)
+      done = dict(step=step, updates=updates, episodes=episodes, records=records, sc=sc, valid=valid, adv=adv,
+                  times=times, t_step=t_step, t_done=time.perf_counter(), tally=tally, rounds=rounds,
+                  informative_total=informative_total, groups_seen=groups_seen, staleness=staleness,
+                  stream_stats=st if stream is not None else None)
+      # Asynchronous runs finish a step (fetch its update's metrics, log) after the next step's rollouts, so the
+      # host goes back to the stream at once and the update runs while it decodes; a step that evaluates,
+      # checkpoints or ends the run finishes now (a checkpoint needs the update's results anyway).
+      if stream is None or step == total_steps or ckpt.should_save(step) or eval_due(step):
+        finish_step(done)
+      else:
+        pending = done
   finally:
     bar.close()
     ckpt.close()

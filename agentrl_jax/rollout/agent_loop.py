@@ -189,10 +189,13 @@ class AgentLoop:
 
   Scheduling decisions depend only on what the host has read back (tokens, stop reasons, tool results), never on
   clocks (pause mode), so a run is a deterministic function of its inputs and the sequence of calls.
+
+  `scripts` (teacher forcing, as in `run_rollout`) may also be a function `episode -> turns` (episode
+  `group * n + sample`) for a stream whose groups are not known in advance.
   """
 
   def __init__(self, sampler: Sampler, *, n: int, tokenizer, executor: Executor, cfg: RolloutConfig,
-               key: jax.Array, scripts: Sequence[Sequence[Sequence[int]]] | None = None,
+               key: jax.Array, scripts: Sequence[Sequence[Sequence[int]]] | Callable | None = None,
                on_episode: Callable[[Episode], None] | None = None):
     _check_prompts([], n, cfg, None, sampler)
     self.procs, self.me = jax.process_count(), jax.process_index()
@@ -367,9 +370,10 @@ class AgentLoop:
 
   def _forced_row(self, ep: int, turn: int) -> np.ndarray:
     out = np.full((self.f_len,), -1, np.int32)
-    if self.scripts is not None and turn < len(self.scripts[ep]):
-      toks = self.scripts[ep][turn]
-      out[:len(toks)] = toks
+    if self.scripts is not None:
+      turns = self.scripts(ep) if callable(self.scripts) else self.scripts[ep]
+      if turn < len(turns):
+        out[:len(turns[turn])] = turns[turn]
     return out
 
   def _ensure_capacity(self, need: int):

@@ -1,0 +1,226 @@
+"""Asynchronous vs synchronous RL against a remote tool service: trained tokens per second; prints ONE JSON line.
+
+    python -m agentrl_jax.bench.async_rl                                   # bench_5m, 8 steps of 8 x 4 episodes
+    python -m agentrl_jax.bench.async_rl --size tiny_qwen3 --steps 3 --warmup 1 --prompts 4 --n 2   # smoke
+
+A SandboxFusion service over the network answers each tool call after a wall-clock latency that costs this
+host no CPU: lognormal, median 200 ms, p99 2 s (sigma = ln 10 / 2.326), drawn from the call's code so both loops
+see the same latency for the same call. Every step: P prompts x n samples, each episode teacher-forced through
+`--tool-turns` scripted tool calls and a final answer (bench/rollout.py's workload: every token still runs the
+model's forward and draw), then one real GRPO update (forward, backward, AdamW) on the step's episodes.
+
+  sync    the trainer's synchronous loop: roll the step's batch out to completion (`run_rollout`), then update.
+  async   the rollout stream of `rl/stream.py` at max_staleness 1 (colocated): slots refill from the next batch
+          while the current one finishes, the update is dispatched without waiting, and the sampler takes the
+          new weights at its next decode segment (partial rollouts).
+
+Each mode runs with the agent loop's two tool schedules (pause: the batch waits for all of a turn's calls;
+overlap: rows decode while others wait) and keeps its faster one. Fields: *_tok_s = trained tokens (loss-mask
+tokens of the updated episodes) per second over the timed steps (after `--warmup` steps that compile
+everything); speedup = async / sync tok/s, each at its faster schedule (speedup_same_schedule_*: per schedule);
+*_staleness_max, async_partial_frac: what the async run trained on; tool_latency_p50_s / p99_s: of the calls
+made. Both modes train the same prompts and draw the same scripted tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import time
+
+from flax import nnx
+import jax
+import numpy as np
+
+from agentrl_jax import testing
+from agentrl_jax.bench import common
+from agentrl_jax.bench.rollout import make_workload, tool_output
+from agentrl_jax.data.records import PromptRecord
+from agentrl_jax.models import sharding
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.qwen import Qwen
+from agentrl_jax.rl import batch as batch_lib
+from agentrl_jax.rl import losses
+from agentrl_jax.rl import stream as stream_lib
+from agentrl_jax.rl import update as update_lib
+from agentrl_jax.rollout import agent_loop
+from agentrl_jax.rollout.chat import stop_token_ids
+from agentrl_jax.rollout.config import RolloutConfig
+from agentrl_jax.rollout.engine import RenderedPrompts
+from agentrl_jax.rollout.episode import collate
+from agentrl_jax.rollout.stub_executor import stub_executor
+from agentrl_jax.sampling.config import SamplingConfig
+from agentrl_jax.sampling.sampler import make_sampler
+
+SIGMA = math.log(10.0) / 2.326  # lognormal with median m has p99 = m * exp(2.326 sigma) = 10 m
+
+
+def remote_latency(code: str, median_s: float) -> float:
+  """A call's service latency: lognormal, drawn from the code (the same call waits the same in both modes)."""
+  seed = int.from_bytes(hashlib.sha256(code.encode()).digest()[:8], "little")
+  return float(median_s * math.exp(SIGMA * np.random.default_rng(seed).standard_normal()))
+
+
+def remote_executor(median_s: float, latencies: list[float]):
+  """The stand-in service: answers after its latency (a sleep: no CPU), records every latency."""
+  def answer(code):
+    wait = remote_latency(code, median_s)
+    latencies.append(wait)
+    time.sleep(wait)
+    return tool_output(code)
+  return stub_executor(answer, max_concurrency=1024)
+
+
+@dataclasses.dataclass
+class _Engine:
+  """What `RolloutStream` reads of a `RolloutEngine`, over pre-rendered prompts (records carry the index)."""
+
+  sampler: object
+  tokenizer: object
+  executor: object
+  cfg: RolloutConfig
+  prompts: list
+
+  def render(self, records):
+    return RenderedPrompts(ids=[self.prompts[r.index] for r in records], records=list(records), skipped=[])
+
+
+def _records(p: int, step: int) -> list[PromptRecord]:
+  return [PromptRecord(prompt=[], data_source="bench", ground_truth="", extra_info={}, index=step * p + i)
+          for i in range(p)]
+
+
+def run(args) -> dict:
+  cfg_m = getattr(ModelConfig, args.size)()
+  tok = testing.tiny_tokenizer()
+  steps_total = args.warmup + args.steps
+  groups = args.prompts * (steps_total + 2)  # the stream admits up to max_staleness batches ahead
+  prompts, scripts = make_workload(tok, groups, args.n, args.tool_turns, seed=0)
+  cfg = RolloutConfig(batch_size=args.rows, segment_len=32, max_prompt_len=512, max_response_len=1024,
+                      prompt_bucket_min=256, chunk_len=64, cache_bucket_min=1024, max_turns=args.tool_turns + 1,
+                      groups_per_prefill=8)
+  end, tool_end = stop_token_ids(tok)
+  model = Qwen(cfg_m, rngs=nnx.Rngs(0))
+  mesh = sharding.make_mesh(1, -1, 1, devices=jax.devices()[:1])
+  opt_cfg = update_lib.OptimizerConfig(learning_rate=1e-5)
+  loss_cfg = losses.LossConfig()
+  mini = args.prompts * args.n
+  longest = max(len(t) for s in scripts for t in s)
+
+  def fresh_state():
+    graphdef, state = update_lib.init_train_state(Qwen(cfg_m, rngs=nnx.Rngs(0)), opt_cfg, mesh)
+    return graphdef, state
+
+  graphdef, _ = nnx.split(model)
+  _, state0 = fresh_state()
+  shardings = update_lib.train_state_shardings(state0, mesh)
+  update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh, micro_batch_size=min(8, mini),
+                                     logits_chunk_size=None)
+  bsh = update_lib.batch_sharding(mesh)
+
+  def update_batch(episodes):
+    collated = collate(episodes, prompt_bucket_min=512, response_bucket_min=1024, batch_multiple=mini)
+    adv = np.where(np.arange(len(episodes)) % 2, 1.0, -1.0).astype(np.float32)  # a real gradient, both signs
+    full = batch_lib.update_batch(collated, adv)
+    arrays = jax.device_put(full, bsh)
+    arrays["old_logp"] = arrays["sampler_logp"]
+    arrays.pop("sampler_logp")
+    return arrays, int(collated["loss_mask"].sum())
+
+  def one_mode(mode: str, overlap: bool) -> dict:
+    latencies: list[float] = []
+    executor = remote_executor(args.tool_median_s, latencies)
+    rcfg = cfg.replace(overlap_tools=overlap)
+    sampling = agent_loop.sampling_config(tok, rcfg, temperature=1.0)
+    sampler = make_sampler(graphdef, cfg_m, sampling, batch=args.rows, n_forced=longest)
+    _, state = fresh_state()
+    script_fn = lambda ep: scripts[ep]  # noqa: E731  # episode group * n + sample of the global prompt list
+    key = jax.random.key(1)
+    trained, t_start, stale, partial = 0, None, [], []
+    try:
+      if mode == "async":
+        engine = _Engine(sampler, tok, executor, rcfg, prompts)
+        data = iter(_records(args.prompts, s) for s in range(10 ** 6))
+        stream = stream_lib.RolloutStream(engine, data, stream_lib.AsyncConfig(max_staleness=1), n=args.n,
+                                          prompts_per_step=args.prompts, key=key, score=lambda eps, rec: None,
+                                          scripts=script_fn)
+      for step in range(steps_total):
+        if step == args.warmup:
+          jax.block_until_ready(state)
+          t_start = time.perf_counter()
+        if mode == "sync":
+          ids = prompts[step * args.prompts:(step + 1) * args.prompts]
+          eps, _ = agent_loop.run_rollout(sampler, state.params, ids, n=args.n, tokenizer=tok, executor=executor,
+                                          cfg=rcfg, key=jax.random.fold_in(key, step),
+                                          scripts=[scripts[step * args.prompts * args.n + i]
+                                                   for i in range(args.prompts * args.n)])
+        else:
+          b = stream.next_batch(state.params, version=step)
+          eps = [e for p in sorted(b.groups) for e in b.groups[p][0]]
+          if step >= args.warmup:
+            stale += [step - e.version_first for e in eps]
+            partial += [e.version_last > e.version_first for e in eps]
+        arrays, tokens = update_batch(eps)
+        state, metrics = update(state, arrays, jax.random.key(step))
+        if mode == "sync":
+          jax.block_until_ready(metrics)  # the synchronous trainer reads its step's metrics before rolling out
+        if step >= args.warmup:
+          trained += tokens
+      jax.block_until_ready(state)
+      wall = time.perf_counter() - t_start
+    finally:
+      executor.close()
+    out = {"tok_s": trained / wall, "wall_s": wall, "trained_tokens": trained,
+           "latency_p50_s": float(np.percentile(latencies, 50)), "latency_p99_s": float(np.percentile(latencies, 99))}
+    if mode == "async":
+      out.update(staleness_max=float(max(stale)), staleness_mean=float(np.mean(stale)),
+                 partial_frac=float(np.mean(partial)))
+    return out
+
+  res = {}
+  for overlap in (False, True):
+    for mode in ("sync", "async"):
+      common.log(f"{mode} {'overlap' if overlap else 'pause'}")
+      res[(mode, overlap)] = one_mode(mode, overlap)
+  best = {m: max((res[(m, o)]["tok_s"], o) for o in (False, True)) for m in ("sync", "async")}
+  a = res[("async", best["async"][1])]
+  out = {
+      "bench": "async_rl", "size": args.size, "prompts": args.prompts, "n": args.n, "rows": args.rows,
+      "tool_turns": args.tool_turns, "steps": args.steps, "tool_median_s": args.tool_median_s,
+      "sync_tok_s": best["sync"][0], "async_tok_s": best["async"][0],
+      "sync_schedule": "overlap" if best["sync"][1] else "pause",
+      "async_schedule": "overlap" if best["async"][1] else "pause",
+      "speedup": best["async"][0] / best["sync"][0],
+      "speedup_same_schedule_pause": res[("async", False)]["tok_s"] / res[("sync", False)]["tok_s"],
+      "speedup_same_schedule_overlap": res[("async", True)]["tok_s"] / res[("sync", True)]["tok_s"],
+      "async_staleness_max": a["staleness_max"], "async_staleness_mean": a["staleness_mean"],
+      "async_partial_frac": a["partial_frac"],
+      "trained_tokens_equal": all(res[("sync", o)]["trained_tokens"] == res[("async", o)]["trained_tokens"]
+                                  for o in (False, True)),
+      "tool_latency_p50_s": res[("sync", False)]["latency_p50_s"],
+      "tool_latency_p99_s": res[("sync", False)]["latency_p99_s"],
+      **{f"{m}_{'overlap' if o else 'pause'}_tok_s": r["tok_s"] for (m, o), r in res.items()},
+      **common.backend_info(),
+  }
+  return out
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--size", default="bench_5m")
+  p.add_argument("--prompts", type=int, default=8)
+  p.add_argument("--n", type=int, default=4)
+  p.add_argument("--rows", type=int, default=64)
+  p.add_argument("--tool-turns", type=int, default=3)
+  p.add_argument("--steps", type=int, default=8)
+  p.add_argument("--warmup", type=int, default=2)
+  p.add_argument("--tool-median-s", type=float, default=0.2)
+  args = p.parse_args(argv)
+  print(json.dumps(run(args)), flush=True)
+
+
+if __name__ == "__main__":
+  main()
