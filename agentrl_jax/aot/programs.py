@@ -26,8 +26,10 @@ import numpy as np
 from agentrl_jax.aot import target as target_lib
 from agentrl_jax.bench import common
 from agentrl_jax.models import memory_plan
+from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rl import losses
+from agentrl_jax.rl import transfer as transfer_lib
 from agentrl_jax.rl import update as update_lib
 from agentrl_jax.rollout import engine as engine_lib
 from agentrl_jax.rollout import agent_loop, shapes as shapes_lib
@@ -154,8 +156,16 @@ def _rl_update_seq(config: ml_collections.ConfigDict) -> list[int]:
 
 def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan:
   rl = config.rl
-  mesh = target_lib.mesh(config.mesh, t)
-  smesh = target_lib.sampler_mesh(config.get("sampler_mesh"), mesh)
+  disaggregated = rl.get("async_placement") == "disaggregated"
+  if disaggregated:  # the trainer and the sampler each on their own part of the slice (rl/transfer.py)
+    trainer_devs, sampler_devs = transfer_lib.split_devices(rl.async_sampler_devices, list(t.devices))
+    sizes = {k: v for k, v in dict(config.mesh).items() if k != "num_devices"}
+    mesh = sharding_lib.make_mesh(**sizes, devices=trainer_devs)
+    ssizes = {k: v for k, v in dict(config.get("sampler_mesh") or {}).items() if k != "num_devices"}
+    smesh = sharding_lib.make_mesh(**(ssizes if any(ssizes.values()) else sizes), devices=sampler_devs)
+  else:
+    mesh = target_lib.mesh(config.mesh, t)
+    smesh = target_lib.sampler_mesh(config.get("sampler_mesh"), mesh)
   tokenizer, cfg, source = target_lib.tokenizer_and_config(config.model, t)
   loss_cfg = losses.LossConfig(**rl.loss)
   opt_cfg = update_lib.OptimizerConfig(**config.optimizer)
@@ -181,7 +191,7 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
     if packed:
       scoring.update(positions=spec((rows, seq), jnp.int32), segment_ids=spec((rows, seq), jnp.int32))
       batch.update(scoring)
-    if loss_cfg.tis_cap is not None:
+    if loss_cfg.needs_proximal_logp or not rl.reuse_sampler_logp:  # as the trainer passes them
       batch["sampler_logp"] = spec((rows, seq), jnp.float32)
     if loss_cfg.needs_reference:
       batch["ref_logp"] = spec((rows, seq), jnp.float32)
@@ -207,8 +217,43 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
     if not ev.sources:
       notes.append("eval/* programs: compiled by a run when config.eval.sources is set (the recipe's command "
                    "sets it)")
-  resident = device_bytes(state) - (device_bytes(state.params) if smesh is mesh else 0)
+  if disaggregated:
+    programs.append(_transfer_program(cfg, state.params, shardings.params, smesh, t, notes))
+    # The sampler's devices hold only its copy of the parameters (an argument of each rollout program).
+    resident = 0
+    notes.append(f"disaggregated: the update and scoring programs on {mesh.size} devices "
+                 f"({dict(mesh.shape)}), the rollout and eval programs on the other {smesh.size} "
+                 f"({dict(smesh.shape)}); HBM per chip is per side")
+  else:
+    resident = device_bytes(state) - (device_bytes(state.params) if smesh is mesh else 0)
   return Plan(programs, cfg, source, notes, resident)
+
+
+# Inter-chip interconnect bandwidth per chip (bytes/s, all links; Cloud TPU system architecture pages).
+ICI_BYTES_S = {"v4": 300e9, "v5e": 200e9, "v5p": 600e9, "v6e": 448e9}
+
+
+def _transfer_program(cfg: ModelConfig, params, src_shardings, smesh, t: target_lib.Target, notes: list[str]
+                      ) -> Program:
+  """The disaggregated weight transfer: one program over the union of the trainer's and the sampler's devices."""
+  xfer = transfer_lib.WeightTransfer(src_shardings, sharding_lib.state_shardings(params, smesh))
+  if xfer.union is None:
+    raise ValueError(f"aot: the disaggregated sampler mesh {dict(smesh.shape)} must have the trainer's axis sizes "
+                     "of size > 1 in the same order (the weight transfer is one program over both meshes)")
+  xfer._build(params)  # pylint: disable=protected-access
+  union_args = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct((2 * x.shape[0], *x.shape[1:]), x.dtype, sharding=s),
+                            params, xfer._in)  # pylint: disable=protected-access
+  nbytes = float(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(params)))
+  # Each sampler chip receives its shard of every weight (replicated axes receive a copy each).
+  per_chip = device_bytes(jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
+                                       sharding_lib.state_shardings(params, smesh))) * t.devices_per_chip
+  est = per_chip / ICI_BYTES_S[t.generation]
+  notes.append(f"weight transfer: {nbytes / 2**30:.2f} GiB of parameters, {per_chip / 2**30:.2f} GiB into each "
+               f"sampler chip: ~{est * 1e3:.0f} ms at {ICI_BYTES_S[t.generation] / 1e9:.0f} GB/s ICI per chip "
+               "(the est. s column is the HBM roofline of the copy)")
+  return Program("rl/weight_transfer", f"{nbytes / 2**30:.2f} GiB -> {smesh.size} devices",
+                 _lowering(xfer._program, xfer.union, union_args),  # pylint: disable=protected-access
+                 0.0, 2.0 * nbytes, xfer.union.size)
 
 
 def device_bytes(tree) -> int:
@@ -236,8 +281,6 @@ def rollout_programs(graphdef, cfg: ModelConfig, tokenizer, rcfg, mesh: jax.shar
   state_at = lambda cap: jax.eval_shape(lambda: sampler_lib.init_state(cfg, b, cap, jax.random.key(0)))  # noqa: E731
   pbytes = _param_bytes(cfg)
   cache = lambda cap: b * cap * _cache_bytes_per_token(cfg) / mesh.size  # noqa: E731  per device
-  from agentrl_jax.models import sharding as sharding_lib
-
   placed = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), params,
                         sharding_lib.state_shardings(params, mesh))
   fixed = float(device_bytes(placed))

@@ -95,3 +95,22 @@ def test_profile_lists_the_compilers_phases():
   phases = dict(report["programs"][0]["compile_phases"])
   assert "TpuCompiler::Compile" in phases and phases["TpuCompiler::Compile"] > 0
   assert any(k.startswith("XLA::TPU") for k in phases), phases
+
+
+def test_disaggregated_programs_compile_each_on_their_own_devices_with_the_transfer():
+  """Asynchronous RL with the sampler on half of a v5e-8: the update on one half, the rollout on the other, and
+  the weight transfer over both, each compiled by the TPU compiler; per-side HBM and the transfer's estimate."""
+  config = _tiny_rl(**{"rl.max_staleness": 1, "rl.async_placement": "disaggregated", "rl.async_sampler_devices": 4,
+                       "sampler_mesh.tensor": -1})
+  t = target.target("v5e:2x4")
+  plan = programs.for_config(config, t)
+  by_name = {p.name: p for p in plan.programs}
+  assert by_name["rl/update"].devices == 4 and by_name["rollout/decode"].devices == 4
+  assert by_name["rl/weight_transfer"].devices == 8
+  assert any("weight transfer:" in n and "ms at 200 GB/s ICI" in n for n in plan.notes)
+  report = aot.compile_all(config, "v5e:2x4", only=("rl/update", "rollout/decode", "rl/weight_transfer"))
+  rows = {r["program"]: r for r in report["programs"]}
+  assert set(rows) == {"rl/update", "rollout/decode", "rl/weight_transfer"}
+  assert all(r["fits"] and r["compile_cpu_s"] > 0 for r in rows.values())
+  # The transfer holds one copy of the parameters on each side: its bytes, not a training state's.
+  assert 0 < rows["rl/weight_transfer"]["hbm_gib"] < rows["rl/update"]["hbm_gib"]
