@@ -39,6 +39,17 @@ CURVES = (
     ("tool_calls", "tool calls per response", [("response/tool_calls_mean", "calls / response")]),
     ("response_length", "response length (tokens)", [("response/length_mean", "mean")]),
 )
+# Plotted only when the run logs them: asynchronous runs (the stream's metrics) and runs whose update sees the
+# sampler's log-probs (behaviour vs trainer).
+EXTRA_CURVES = (
+    ("asynchrony", "asynchronous RL", "async/buffer_groups",
+     [("async/staleness_mean", "staleness: mean (versions)"), ("async/staleness_max", "staleness: max"),
+      ("time/trainer_idle_frac", "trainer idle (fraction)"), ("time/rollout_idle_frac", "rollout idle (fraction)"),
+      ("async/partial_frac", "partial episodes (fraction)")]),
+    ("offpolicy", "behaviour vs trainer policy", "train/is_ess",
+     [("train/is_weight_mean", "IS weight: mean"), ("train/is_ess", "IS effective sample size"),
+      ("train/behav_kl_k3", "KL (k3)"), ("train/rejected_token_frac", "rejected tokens (fraction)")]),
+)
 
 
 def stage_line(stage: str, result: dict[str, Any]) -> str:
@@ -138,6 +149,22 @@ def plot_curves(rows: list[dict], out_dir: str, *, source: str, k: int, curve_pr
   overview.tight_layout()
   overview.savefig(os.path.join(out_dir, "rl_curves.png"), dpi=90)
   plt.close(overview)
+  for stem, title, marker, keys in EXTRA_CURVES:
+    if not any(marker in r for r in rows):
+      continue
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for key, label in keys:
+      x, y = series(key)
+      if x:
+        ax.plot(x, y, marker="o" if len(x) < 12 else None, markersize=3, label=label)
+    ax.set_title(title)
+    ax.set_xlabel("RL step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, f"{stem}.png"), dpi=100)
+    plt.close(fig)
+    names.append(f"{stem}.png")
   return ["rl_curves.png", *names]
 
 

@@ -141,6 +141,9 @@ class StreamStats:
   weight_syncs: int = 0
   transfer_s: float = 0.0    # dispatching weight transfers (disaggregated) or reshards to the sampler's layout
   weight_wait_s: float = 0.0  # disaggregated: the sampler blocked until new weights had arrived
+  update_device_s: float = 0.0  # an update dispatched before next_batch ran until its results were ready (polled
+  #                               between scheduling rounds: exact to a decode segment)
+  update_blocked_s: float = 0.0  # colocated: of that, the time next_batch ran, the device busy with the update
   buffered_groups: int = 0   # finished groups waiting for training, when the stats were taken
   in_flight: int = 0         # groups in the loop (running or queued), when the stats were taken
   stale_dropped: int = 0     # groups older than max_staleness at consumption
@@ -189,6 +192,7 @@ class RolloutStream:
     self._gen_mark = 0
     self._sampler_params = None
     self._pending: collections.deque = collections.deque()  # (version, params, segments left before it applies)
+    self._watch = None  # (leaves of an update's outputs, dispatch time): polled for the idle metrics
     self.loop = self._new_loop()
 
   # ------------------------------------------------------------------------------------------------ weights
@@ -203,6 +207,21 @@ class RolloutStream:
       self._sampler_params, self._sampler_version = placed, version
       return
     self._pending.append([version, placed, self.cfg.weight_sync_segments])
+
+  def watch_update(self, outputs) -> None:
+    """Times the update whose `outputs` were just dispatched (metrics only: nothing waits for it here)."""
+    self.poll_update()
+    self._watch = (jax.tree.leaves(outputs), time.perf_counter())
+
+  def poll_update(self, entered: float | None = None) -> None:
+    """Records the watched update's time if its results are ready (`entered`: when next_batch began)."""
+    entered = time.perf_counter() if entered is None else entered
+    if self._watch is not None and all(x.is_ready() for x in self._watch[0]):
+      now, t0 = time.perf_counter(), self._watch[1]
+      self.stats.update_device_s += now - t0
+      if self.cfg.placement == "colocated":
+        self.stats.update_blocked_s += max(0.0, now - max(t0, entered))
+      self._watch = None
 
   def _apply_weights(self, force: bool = False, count: bool = True) -> None:
     while self._pending and (force or self._pending[0][2] <= 0):
@@ -279,6 +298,7 @@ class RolloutStream:
       self.set_params(params, version)
     target = self.consumed
     while True:
+      self.poll_update(t0)
       self._apply_weights(force=self._blocked(target, version))
       self._admit(version)
       b = self.batches.get(target)
@@ -296,6 +316,7 @@ class RolloutStream:
         for p in self._pending:
           p[2] -= 1
       self._collect()
+    self.poll_update(t0)
     self.batches.pop(target)
     self._admitted.pop(target, None)
     self.consumed += 1

@@ -226,6 +226,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     t0 = time.perf_counter()
     updates = multihost.to_host(d["updates"])
     times["update"] += time.perf_counter() - t0
+    if stream is not None:
+      stream.poll_update()
     skipped = int(sum(float(u["skipped"]) for u in updates))
     nonfinite_run = nonfinite_run + 1 if skipped else 0
     if skipped:
@@ -237,6 +239,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     failed = sum(e.num_failed_calls for e in episodes)
     lengths = np.array([e.response_len for e in episodes])
     step_s = d["t_done"] - d["t_step"]
+    st = d["stream_stats"]
+    update_s = times["update"] if st is None else st.update_device_s
+    blocked_s = 0.0 if st is None else st.update_blocked_s
     staleness = d["staleness"]
     last = {
         "reward/mean": _mean(sc.reward[valid]), "reward/score_mean": _mean(sc.score[valid]),
@@ -251,10 +256,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         "groups/rounds": float(d["rounds"]), "groups/trained": float(len(d["records"])),
         **{f"train/{k}": v for k, v in offpolicy.reduce_update_metrics(updates).items()},
         **{f"time/{k}_s": v for k, v in times.items()}, "time/step_s": step_s,
-        # Idle: the trainer waited for its batch; the rollout had nothing to decode (blocked on tools, or the
-        # host busy with the update and its bookkeeping).
-        "time/trainer_idle_frac": times["rollout"] / step_s,
-        "time/rollout_idle_frac": 1.0 - (times["rollout"] - times["tools"]) / step_s,
+        # Idle: the fraction of the step in which no update ran (trainer), or no rollout work could run (blocked
+        # on tools with nothing to decode, behind an update on the same devices, or the host busy with the
+        # trainer's bookkeeping). Synchronous: the update is the wait for its results.
+        "time/trainer_idle_frac": 1.0 - min(update_s, step_s) / step_s,
+        "time/rollout_idle_frac": 1.0 - max(times["rollout"] - times["tools"] - blocked_s, 0.0) / step_s,
         "async/staleness_mean": float(staleness.mean()), "async/staleness_max": float(staleness.max()),
         "async/partial_frac": _mean([e.version_last > e.version_first for e in episodes]),
         **{f"count/{k}": float(v) for k, v in counters.items()},
@@ -262,10 +268,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     }
     if calls:
       last["response/tool_success_rate"] = 1.0 - failed / calls
-    if (st := d["stream_stats"]) is not None:
+    if st is not None:
       last.update({"async/buffer_groups": float(st.buffered_groups), "async/in_flight_groups": float(st.in_flight),
                    "async/weight_syncs": float(st.weight_syncs), "async/recomputed_tokens": float(st.recomputed_tokens),
                    "time/weight_transfer_s": st.transfer_s, "time/weight_wait_s": st.weight_wait_s,
+                   "time/update_device_s": st.update_device_s,
                    "async/admission_stalls": float(st.admission_stalls), "async/occupied_rows": st.occupied_rows})
     for alarm in offpolicy.offpolicy_alarms(last):
       log.warning("rl: step %d: %s", step, alarm)
@@ -426,6 +433,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
           state, m = update(state, arrays, key)
           updates.append(m)
       times["update"] = time.perf_counter() - t0  # dispatch; finish_step adds the wait for the results
+      if stream is not None:
+        stream.watch_update(updates[-1])
       step += 1
       bar.update(1)
       done = dict(step=step, updates=updates, episodes=episodes, records=records, sc=sc, valid=valid, adv=adv,
