@@ -177,6 +177,10 @@ HOSTILE = [
     "\\sqrt[1000000]{2}^{10^{9}}", "(" * 5000 + "1" + ")" * 5000, "{" * 5000 + "}" * 5000,
     "\\frac{" * 3000 + "1" + "}{2}" * 3000, "1+" * 5000 + "1", "x^" * 3000 + "2", "\\sin(" * 2000 + "1" + ")" * 2000,
     "0" * 5000 + "x", "1," * 5000, "\\binom{10^{9}}{5*10^{8}}", "e^{10^{10}}", "\\tan(10^{300})",
+    # Lists matched as multisets, sums keyed by their structure, groups, |x| bounds, long decimals.
+    "\\sum_{k=1}^{n}" * 500 + "k", "\\sum_{k=1}^{\\sum_{j=1}^{" * 300 + "n" + "}j}k" * 300,
+    ", ".join(["x"] * 70), ",".join(["(x,1)"] * 60), ";".join(["p=1,q=2"] * 40), "1 \\le |x| \\le " * 200 + "2",
+    "0." + "3" * 399, "-0." + "9" * 5000, "1" + "0" * 390 + ".5",
 ]
 
 
@@ -200,8 +204,9 @@ def test_hostile_responses_return_quickly():
       assert time.monotonic() - start < TIME_BOUND_S, response[:40]
 
 
-LATEX_TOKENS = list("0123456789+-*/^_{}()[],.=!| xye") + ["\\frac", "\\sqrt", "\\pi", "\\boxed", "\\text{cm}",
-                                                        "\\infty", "\\cdot", "\\", "\\{", "\\}", "\\left("]
+LATEX_TOKENS = list("0123456789+-*/^_{}()[],.=!| xye;<") + ["\\frac", "\\sqrt", "\\pi", "\\boxed", "\\text{cm}",
+                                                          "\\infty", "\\cdot", "\\", "\\{", "\\}", "\\left(",
+                                                          "\\sum_{k=0}^{n}", "\\prod_", "\\le", "\\in", "\\cup"]
 LATEXISH = st.lists(st.sampled_from(LATEX_TOKENS), max_size=60).map("".join)
 
 
