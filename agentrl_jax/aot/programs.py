@@ -244,8 +244,11 @@ def init_programs(cfg: ModelConfig, source: str, mesh: jax.sharding.Mesh, state,
       out.append(Program("init/reference", "params", _lowering(loading.init_params_fn(cfg, mesh)[1], mesh, key),
                          0.0, pbytes, mesh.size, resident=device_bytes(state)))
   tx_init = jax.jit(opt_cfg.make().init, out_shardings=jax.tree.map(lambda a: a.sharding, state.opt_state))
+  # The moments' init reads only the parameters' shapes, so jit drops them from its arguments: they are in HBM
+  # beside it all the same (and a KL term's reference is loaded only after it).
+  params = device_bytes(state.params)
   out.append(Program("init/optimizer", "AdamW moments", _lowering(tx_init, mesh, state.params), 0.0,
-                     3.0 * device_bytes(state.params) * mesh.size, mesh.size))
+                     2.0 * params * mesh.size, mesh.size, resident=params))
   return out
 
 
