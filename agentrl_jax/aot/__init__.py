@@ -10,10 +10,12 @@ temporaries) against the chip's HBM, the compiler's own cost analysis, and a roo
 the chip's data-sheet peak and bandwidth (`programs.Estimate`). A program that does not fit fails the command,
 naming the program, the bytes it needs, and the largest rollout rows or micro-batch that fit.
 
-This is what MaxText's `train_compile.py` does for one training step, for every program of the recipe: SFT
-step, RL update, log-prob scoring, rollout prefill / decode / extend for every cache capacity the run can reach,
-and the evaluation's rollout programs. Programs identical to one already compiled (the same lowered module, e.g.
-the reference model's scoring pass, the evaluation's cache initialisation) are listed once.
+This is what MaxText's `train_compile.py` does for one training step, for every program of the recipe: the
+parameter and optimizer inits, SFT step, RL update, log-prob scoring, rollout prefill / decode / extend for every
+cache capacity the run can reach, and the evaluation's rollout programs. A program's HBM is the compiler's plan
+plus what stays resident beside it (AdamW moments, a KL term's reference parameters). A program whose lowered
+module equals an earlier one's (the evaluation's cache initialisation) is marked `same_as` it and keeps its own
+compile cost (a run compiles each jitted function).
 """
 
 from agentrl_jax.aot.report import CompiledProgram, compile_all, format_table, main

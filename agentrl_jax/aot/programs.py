@@ -53,6 +53,8 @@ class Program:
       activations), for the hint of what fits when the compiler cannot place the program at all.
     fixed_bytes: per device, what a rollout program holds whatever its rows (the parameters it reads).
     step: `scale` moves in multiples of this (its rows are split over this many row shards of the mesh).
+    resident: per device, what the run keeps in HBM beside the program's own arguments while it runs (the
+      AdamW moments during scoring and rollouts, the KL term's reference parameters), added to its HBM.
   """
 
   name: str
@@ -65,6 +67,7 @@ class Program:
   scale_bytes: float = 0.0
   fixed_bytes: float = 0.0
   step: int = 1
+  resident: int = 0
 
 
 def row_shards(mesh) -> int:
@@ -82,7 +85,7 @@ class Plan:
   notes: list[str]
   resident: int = 0
   """Per device, what an RL run keeps in HBM beside its rollout programs: its training state, less the
-  parameters when the sampler reads them in place (same mesh)."""
+  parameters when the sampler reads them in place (same mesh), and the reference parameters of a KL term."""
 
 
 def _abstract(x, sharding=None):
@@ -181,7 +184,11 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
   rows = rl.mini_batch_prompts * rl.n
   rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
   packed = bool(rl.get("pack_len"))
-  programs, notes = [], []
+  # The KL term's frozen reference: a second copy of the parameters, in HBM for the whole run.
+  ref_bytes = device_bytes(state.params) if loss_cfg.needs_reference else 0
+  moments = device_bytes(state) - device_bytes(state.params)
+  programs = init_programs(cfg, source, mesh, state, opt_cfg, reference=loss_cfg.needs_reference)
+  notes = []
   for seq in _rl_update_seq(config):
     spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=bs)  # noqa: E731
     batch = {"tokens": spec((rows, seq), jnp.int32), "loss_mask": spec((rows, seq), jnp.float32),
@@ -199,13 +206,18 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
     fl, hb = train_work(cfg, rows, seq, backward=True)
     act = _micro_activation_bytes(cfg, mesh, rl.micro_batch_size, seq)
     programs.append(Program("rl/update", shape, _lowering(update, mesh, state, batch, rng), fl, hb, mesh.size,
-                            ("micro-batch rows", rl.micro_batch_size), act, step=row_shards(mesh)))
+                            ("micro-batch rows", rl.micro_batch_size), act, step=row_shards(mesh),
+                            resident=ref_bytes))
     if not rl.reuse_sampler_logp or loss_cfg.needs_reference:
       fl, hb = train_work(cfg, rows, seq, backward=False)
+      # Its argument is one set of parameters (the policy's or the reference's); the moments and the other
+      # set stay in HBM beside it.
       programs.append(Program("rl/logprobs", shape, _lowering(logprobs, mesh, state.params, scoring), fl, hb,
-                              mesh.size, ("micro-batch rows", rl.micro_batch_size), act / 4, step=row_shards(mesh)))
+                              mesh.size, ("micro-batch rows", rl.micro_batch_size), act / 4, step=row_shards(mesh),
+                              resident=moments + ref_bytes))
   if loss_cfg.needs_reference:
-    notes.append("the reference model's scoring pass is the policy's logprobs program (same shapes and layout)")
+    notes.append("the reference model's scoring pass is the policy's logprobs program (same shapes and layout); "
+                 "its parameters are counted resident in every program after they are loaded")
   rcfg = engine_lib.rollout_config(config.rollout)
   ro = config.rollout
   programs += rollout_programs(graphdef, cfg, tokenizer, rcfg, smesh, state.params, n=rl.n, kind="rollout",
@@ -225,7 +237,10 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
                  f"({dict(mesh.shape)}), the rollout and eval programs on the other {smesh.size} "
                  f"({dict(smesh.shape)}); HBM per chip is per side")
   else:
-    resident = device_bytes(state) - (device_bytes(state.params) if smesh is mesh else 0)
+    resident = device_bytes(state) - (device_bytes(state.params) if smesh is mesh else 0) + ref_bytes
+  for p in programs:
+    if p.name.startswith(("rollout/", "eval/")):
+      p.resident = resident
   return Plan(programs, cfg, source, notes, resident)
 
 
@@ -254,6 +269,32 @@ def _transfer_program(cfg: ModelConfig, params, src_shardings, smesh, t: target_
   return Program("rl/weight_transfer", f"{nbytes / 2**30:.2f} GiB -> {smesh.size} devices",
                  _lowering(xfer._program, xfer.union, union_args),  # pylint: disable=protected-access
                  0.0, 2.0 * nbytes, xfer.union.size)
+
+
+def init_programs(cfg: ModelConfig, source: str, mesh: jax.sharding.Mesh, state, opt_cfg, *,
+                  reference: bool = False) -> list[Program]:
+  """The programs a fresh run compiles before its first step: the parameters' random init (when the model is
+  not loaded from a checkpoint or HF weights: `models.loading.init_model`), again for a KL term's reference,
+  and the AdamW moments' init (`rl.update.init_train_state`)."""
+  from agentrl_jax.models import loading
+
+  out = []
+  if "random init" in source:
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    pbytes = _param_bytes(cfg)
+    # Each init builds its own jitted function, as each `loading.init_model` call of a run does.
+    out.append(Program("init/params", "params", _lowering(loading.init_params_fn(cfg, mesh)[1], mesh, key), 0.0,
+                       pbytes, mesh.size))
+    if reference:  # loaded after the policy's train state, which stays in HBM beside it
+      out.append(Program("init/reference", "params", _lowering(loading.init_params_fn(cfg, mesh)[1], mesh, key),
+                         0.0, pbytes, mesh.size, resident=device_bytes(state)))
+  tx_init = jax.jit(opt_cfg.make().init, out_shardings=jax.tree.map(lambda a: a.sharding, state.opt_state))
+  # The moments' init reads only the parameters' shapes, so jit drops them from its arguments: they are in HBM
+  # beside it all the same (and a KL term's reference is loaded only after it).
+  params = device_bytes(state.params)
+  out.append(Program("init/optimizer", "AdamW moments", _lowering(tx_init, mesh, state.params), 0.0,
+                     2.0 * params * mesh.size, mesh.size, resident=params))
+  return out
 
 
 def device_bytes(tree) -> int:
@@ -340,7 +381,7 @@ def sft_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Pla
                                         seq_len=sft_cfg.max_seq_len, logits_chunk_size=sft_cfg.logits_chunk_size)
   bsh = step_lib.batch_sharding(mesh, sft_cfg.micro_batch_rows, sft_cfg.max_seq_len)
   rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-  programs = []
+  programs = init_programs(cfg, source, mesh, state, opt_cfg)
   for num_rows in packing.row_buckets(sft_cfg.micro_batch_rows, sft_cfg.batch_size, sft_cfg.fixed_rows):
     m, r, seq = num_rows // sft_cfg.micro_batch_rows, sft_cfg.micro_batch_rows, sft_cfg.max_seq_len
     batch = {f: jax.ShapeDtypeStruct((m, r, seq), jnp.float32 if f == "weights" else jnp.int32, sharding=bsh)

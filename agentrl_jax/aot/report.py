@@ -7,9 +7,11 @@ See the package docstring for the command. The JSON object (`--json`):
      "fits": true, ...}], "total_compile_cpu_s": ..., "fits": true}
 
 Compile cost is CPU seconds of this process (`time.process_time`), which a busy machine distorts far less than
-wall time. Memory is the compiler's plan per device (`compiled.memory_analysis()`); for rollout programs of an RL
-run, the training state that stays resident beside them (AdamW moments, and the parameters when the sampler
-reads a copy) is added, as it is in HBM while they run.
+wall time; a program whose module equals an earlier one's (`same_as`) was compiled again and keeps its cost.
+Memory is the compiler's plan per device (`compiled.memory_analysis()`) plus what the run keeps in HBM beside
+the program's own arguments while it runs (`Program.resident`): for scoring and rollouts the AdamW moments (and
+the parameters when the sampler reads a copy), for every program after it is loaded a KL term's reference
+parameters. The parameter and optimizer init programs are compiled and counted like the others.
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ def compile_program(p: programs_lib.Program, t: target_lib.Target, resident: int
     if not m:
       raise
     need = (float(m.group(1)) * _UNITS[m.group(2)] if m.group(1) else float(m.group(3)) * _UNITS[m.group(4)]) + resident
-    row = CompiledProgram(**base, compile_cpu_s=round(c2 - c1, 1), code_mb=0.0, argument_gib=0.0, output_gib=0.0,
+    row = CompiledProgram(**base, compile_cpu_s=round(c2 - c1, 2), code_mb=0.0, argument_gib=0.0, output_gib=0.0,
                           temp_gib=0.0, alias_gib=0.0, hbm_gib=round(need / GIB, 3), fits=False, xla_flops=None,
                           xla_bytes_accessed=None, error=_oom_line(str(e)))
     row.fit_hint = _fit_hint(p, need, limit, need - resident - p.fixed_bytes if p.scale and p.scale[0] == "rollout rows"
@@ -127,7 +129,7 @@ def compile_program(p: programs_lib.Program, t: target_lib.Target, resident: int
   need = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
           + mem.generated_code_size_in_bytes + resident)
   row = CompiledProgram(
-      **base, compile_cpu_s=round(c2 - c1, 1), code_mb=round(mem.generated_code_size_in_bytes / 2**20, 1),
+      **base, compile_cpu_s=round(c2 - c1, 2), code_mb=round(mem.generated_code_size_in_bytes / 2**20, 1),
       argument_gib=round(mem.argument_size_in_bytes / GIB, 3), output_gib=round(mem.output_size_in_bytes / GIB, 3),
       temp_gib=round(mem.temp_size_in_bytes / GIB, 3), alias_gib=round(mem.alias_size_in_bytes / GIB, 3),
       hbm_gib=round(need / GIB, 3), fits=need <= limit, xla_flops=cost.get("flops"),
@@ -169,16 +171,15 @@ def compile_all(config, topology: str, *, only: tuple[str, ...] = (), progress=N
 
 def _compile_all(config, t: target_lib.Target, topology: str, only, progress, profile: bool) -> dict:
   plan = programs_lib.for_config(config, t)
-  resident = plan.resident
   rows, seen = [], {}
   for p in plan.programs:
     if only and not any(o in p.name for o in only):
       continue
-    res = resident if p.name.startswith(("rollout/", "eval/")) else 0
-    row, fingerprint = compile_program(p, t, res, profile)
+    row, fingerprint = compile_program(p, t, p.resident, profile)
     if fingerprint in seen:
+      # The same module as an earlier program; it was compiled again here (as a run's separate jitted function
+      # is), so its compile cost is real and counted.
       row.same_as = seen[fingerprint]
-      row.compile_cpu_s = 0.0
     else:
       seen[fingerprint] = f"{p.name} {p.shape}"
     rows.append(row)
@@ -191,7 +192,7 @@ def _compile_all(config, t: target_lib.Target, topology: str, only, progress, pr
                     "layers": cfg.num_layers, "scan_layers": cfg.scan_layers, "remat": cfg.remat,
                     "param_dtype": cfg.param_dtype, "dtype": cfg.dtype, "attention_impl": cfg.attention_impl},
           "notes": plan.notes, "programs": [r.row() for r in rows],
-          "total_compile_cpu_s": round(sum(r.compile_cpu_s for r in rows), 1),
+          "total_compile_cpu_s": round(sum(r.compile_cpu_s for r in rows), 2),
           "fits": all(r.fits for r in rows)}
 
 
@@ -225,7 +226,8 @@ def format_table(report: dict) -> str:
     if r["compile_phases"]:
       lines.append("    compiler phases (wall s, nested): " + ", ".join(f"{k} {v:.1f}" for k, v in r["compile_phases"]))
   lines.append(f"total compile: {report['total_compile_cpu_s']:.1f} CPU s for {len(report['programs'])} programs "
-               f"({sum(1 for r in report['programs'] if not r['same_as'])} distinct). est. s: roofline estimate of "
+               f"({sum(1 for r in report['programs'] if not r['same_as'])} distinct modules, each compiled). "
+               "est. s: roofline estimate of "
                "one call from data-sheet peak FLOP/s and HBM bandwidth (a decode row: one segment of steps).")
   lines += [f"note: {n}" for n in report["notes"]]
   return "\n".join(lines)

@@ -47,8 +47,12 @@ class Target:
 
   @property
   def devices_per_chip(self) -> int:
-    """JAX devices per chip: 2 on v4 (one per TensorCore), else 1 (v5p's two cores form one device)."""
-    return 2 if self.generation == "v4" else 1
+    """JAX devices per chip, as libtpu describes the slice: devices sharing a chip's coordinates (2 on v4, whose
+    topology lists one device per TensorCore; 1 on v5p, whose two cores form one device, and on v5e / v6e)."""
+    chips = {tuple(getattr(d, "coords", ())) for d in self.devices}
+    if len(chips) <= 1 and len(self.devices) > 1:  # no coordinates to tell chips apart: the generation's rule
+      return 2 if self.generation == "v4" else 1
+    return len(self.devices) // len(chips)
 
   @property
   def hbm_per_device(self) -> int:

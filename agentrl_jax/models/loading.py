@@ -83,10 +83,16 @@ def _tokenizer_and_config(m: ml_collections.ConfigDict, overrides: dict):
 def init_model(cfg: ModelConfig, key: jax.Array, mesh: jax.sharding.Mesh) -> Qwen:
   """A randomly initialised model, created by one compiled function straight into its shardings (an eager
   init runs every op separately and would build a large model in one device's memory first)."""
+  graphdef, init = init_params_fn(cfg, mesh)
+  return nnx.merge(graphdef, init(key))
+
+
+def init_params_fn(cfg: ModelConfig, mesh: jax.sharding.Mesh):
+  """(graphdef, jitted `key -> params state` in their shardings): `init_model`'s program (the pre-flight
+  compiles it too)."""
   graphdef, abstract = nnx.split(hf_io.abstract_model(cfg))
   shardings = sharding_lib.state_shardings(abstract, mesh)
-  state = jax.jit(lambda k: nnx.state(Qwen(cfg, rngs=nnx.Rngs(params=k))), out_shardings=shardings)(key)
-  return nnx.merge(graphdef, state)
+  return graphdef, jax.jit(lambda k: nnx.state(Qwen(cfg, rngs=nnx.Rngs(params=k))), out_shardings=shardings)
 
 
 def load_params_from_checkpoint(path: str | os.PathLike, cfg: ModelConfig, mesh: jax.sharding.Mesh, *,

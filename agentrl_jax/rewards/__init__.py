@@ -7,8 +7,8 @@
 Modules: `math` (boxed answer; strict = the recipe's exact compare, or equivalence at Math-Verify's level),
 `multiple_choice` (GPQA option letter), `code` (test cases in the sandbox), `shaping` (overlong penalty, tool-call
 shaping), `registry` (data_source -> kind). Behind math equivalence, all bounded by construction: `latex`
-(normalisation, entry points), `latex_expr` (parser), `latex_eval` (values), `latex_compare` (sets, labels,
-relations, intervals, matrices).
+(normalisation, entry points), `latex_expr` (parser), `latex_eval` (values), `latex_compare` (lists, sets, labels,
+relations, intervals, matrices), `latex_numbers` (exact values, decimals as roundings).
 """
 
 from agentrl_jax.rewards import code, latex, math, multiple_choice, shaping

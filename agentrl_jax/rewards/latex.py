@@ -110,7 +110,8 @@ def _connector_or_math(m: re.Match) -> str:
 
 
 def _plain_number(s: str) -> str:
-  """'007' -> '7', '2.50' -> '2.5', '3.0' -> '3', '-0' -> '0'; anything else unchanged (no regex: linear)."""
+  """'007' -> '7', '3.0' -> '3', '-0' -> '0'; anything else unchanged (no regex: linear). '2.50' keeps its zero:
+  the places a decimal is written to say which values it is a rounding of (`latex_compare._rounding_of`)."""
   sign, body = ("-", s[1:]) if s[:1] == "-" else ("", s[1:]) if s[:1] == "+" else ("", s)
   whole, dot, frac = body.partition(".")
   if not (whole or frac) or (whole and not whole.isdigit()) or (frac and not frac.isdigit()) or (dot and not frac
@@ -118,7 +119,7 @@ def _plain_number(s: str) -> str:
     return s
   if not whole.isascii() or not frac.isascii():
     return s
-  whole, frac = whole.lstrip("0") or "0", frac.rstrip("0")
+  whole, frac = whole.lstrip("0") or "0", frac if frac.strip("0") else ""
   if whole == "0" and not frac:
     sign = ""
   return sign + whole + (f".{frac}" if frac else "")
@@ -202,7 +203,8 @@ def equivalent(pred: str, truth: str) -> bool:
 
 def canonical(answer: str) -> str:
   """A key under which equivalent answers usually coincide (for majority voting): exact rationals as 'p/q',
-  other constants as 12 significant digits, lists element-wise (sets sorted); otherwise the compact text."""
+  other constants as 12 significant digits, lists of answers and sets sorted, tuples in order; otherwise the
+  compact text."""
   answer = str(answer)
   if len(answer) > MAX_ANSWER_CHARS:
     return answer.strip()
@@ -229,8 +231,9 @@ def _key(node: Node) -> str | None:
     if node[1] in (r"\{", "{") or (node[1] == "" and node[2] == "or") or len(members) != len(node[3]):
       keys = sorted(set(keys))  # a set: braces, alternatives, \pm answers
       return keys[0] if len(keys) == 1 and node[1] == "" else "{" + ",".join(keys) + "}"
-    if node[1] == "":
-      return ",".join(keys)
+    if node[1] == "":  # a list of answers: in any order, unless its items name what they are (x = 1, y = 2)
+      labelled = all(i[0] == "rel" and i[1] == ("=",) and i[2][0][0] == "sym" for i in node[3])
+      return ",".join(keys if labelled else sorted(keys))
     return f"{node[1]}{','.join(keys)}{node[2]}"
   if kind == "matrix":
     rows = [[_key(x) for x in row] for row in node[1]]

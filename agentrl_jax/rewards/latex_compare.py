@@ -1,27 +1,26 @@
 """Structural equality of answer trees (`latex_expr.parse`), used by `latex.equivalent`.
 
-  lists       sets only when written as sets: a set (\\{..\\} or {..}), alternatives joined by 'or' ("2 or -3")
-              and \\pm answers are unordered with duplicates ignored, on either side; a plain list ("10, 4, -2",
-              "1, 2 and 4"), tuples and intervals compare element-wise in order with their brackets, and a plain
-              list equals a tuple of the same length ("2, 3" = "(2, 3)"); a plain list of labelled values
-              (`a_3 = 2, a_{37} = 19`) matches label by label, in any order.
+  lists       a list of answers ("10, 4, -2", "1, 2 and 4", "(1, 2), (3, 4)", several boxes) is a multiset: any
+              order, but every answer exactly as often (a missing, extra or repeated answer is a wrong list);
+              sets (\\{..\\} or {..}), alternatives joined by 'or' ("2 or -3") and \\pm answers ignore repeats; a
+              tuple, an interval and the parts of one answer (`p=5, q=2` in `p=5, q=2; p=7, q=2`) are ordered
+              with their brackets; a plain list equals a tuple of the same length in order ("2, 3" = "(2, 3)"),
+              and so does a list whose items are labelled on one side only; labelled on both sides (`a_3 = 2,
+              a_{37} = 19`), items match label by label.
   labels      `(p,q)=(3,2)`, `AB=4`, `f(x)=3x-1`, `x \\in [1, 5]`: the value after a label (symbols only) counts;
-              a chain `x = 3 + 4 = 7` counts by its last member when every member after the label is equal to
-              it (`3 = 5 = 7` states nothing), `x \\approx 2.5` by its approximation.
+              two labels must be the same (`F_{n+1} = S` is not `F_n = S`); a chain `x = 3 + 4 = 7` counts by its
+              last member when every member after the label is equal to it (`3 = 5 = 7` states nothing),
+              `x \\approx 2.5` by its approximation.
   relations   equations are equal when one is a nonzero multiple of the other after moving everything to one
               side (2y = 4x + 6 vs y = 2x + 3), inequalities by a positive multiple (-x > -1 vs x < 1); an
-              inequality on one variable answers a ground truth that is that inequality or its interval
-              ((-3, 10) and x \\in (-3, 10) for -3 < a < 10), but a ground truth written as a set wants a set
-              (-3 < x < 10 is not the answer (-3, 10) asks for: sets only when written as sets).
+              inequality on one variable (or on |x|) and an interval, a union of intervals or `x \\in` one are the
+              same set either way round (`-2 \\le x \\le 7` and `x \\in [-2, 7]`; `1 \\le |z| \\le 2` and [-2, -1]
+              \\cup [1, 2]), with the same open and closed ends.
   matrices    same shape, entry by entry; unions of intervals in any order.
-  scalars     the first answer is the prediction, the second the ground truth, whose form sets the tolerance:
-              rational values compare exactly, and an integer ground truth never admits anything else
-              (`33.00001` is not 33); a bare decimal is a rounding of an exact or irrational value on the other
-              side when within one unit of its last place and `latex_eval.REL_TOL` (`0.6666667` = 2/3,
-              `1.4142136` = sqrt 2, not `0.67`, not `1000000.4` for 1000000.5); other decimals in expressions
-              compare within REL_TOL; values computed in floating point without any decimal (irrationals,
-              expressions at sample points) only within float noise (`NOISE_TOL`: `355/452` is not pi/4). Free
-              symbols are evaluated at fixed pseudo-random points.
+  scalars     `latex_numbers`: rationals exactly, an integer never anything else, a decimal as a rounding of the
+              other side to its own last place.
+  sums        `\\sum` and `\\prod` are unknowns named by their index, bounds and body up to the order of sums and
+              products (`latex_expr.big_op`): equal only to themselves written another way round.
 
 Bounded: at most `MAX_ITEMS` members per list and `MAX_EXPANSIONS` \\pm expansions; every step is polynomial in the
 (bounded) tree size.
@@ -30,14 +29,12 @@ Bounded: at most `MAX_ITEMS` members per list and `MAX_EXPANSIONS` \\pm expansio
 from __future__ import annotations
 
 import random
-
-from agentrl_jax.rewards import latex_eval
 from fractions import Fraction
 
-from agentrl_jax.rewards.latex_expr import Fail, Node, decimal_places, has_decimal, subnodes, symbols
+from agentrl_jax.rewards import latex_eval, latex_numbers
+from agentrl_jax.rewards.latex_expr import Fail, Node, canonical_key, subnodes, symbols
 
 MAX_ITEMS = 64
-NOISE_TOL = 1e-9  # floating-point noise of values computed without any rounded (decimal) literal
 MAX_EXPANSIONS = 8
 _NEG_INF = ("neg", ("const", "inf"))
 _INF = ("const", "inf")
@@ -73,10 +70,36 @@ def _equal(a: Node, b: Node, pts) -> bool:
     if not (_bare(a) and _bare(b) and len(a[3]) == len(b[3])):
       return False
     if _labelled(a) and _labelled(b):  # "a_3 = 2, a_{37} = 19": each value by its label, in any order
-      truth = {i[2][0]: i[2][1] for i in b[3]}
-      return all(i[2][0] in truth and _equal(i[2][1], truth[i[2][0]], pts) for i in a[3])
-    return all(_item_equal(p, q, pts) for p, q in zip(a[3], b[3]))
+      return _by_label(a, b, pts)
+    if _labelled(a) or _labelled(b):  # one side names its items, the other does not: in order
+      return all(_item_equal(p, q, pts) for p, q in zip(a[3], b[3]))
+    return _multiset_equal(list(a[3]), list(b[3]), pts)  # roots, solutions, pairs: in any order
   return _item_equal(a, b, pts)
+
+
+def _multiset_equal(xs: list[Node], ys: list[Node], pts) -> bool:
+  """Whether the items of `xs` pair off one to one with equal items of `ys` (a perfect matching: equality with a
+  tolerance is not transitive, so a greedy pairing could miss one); duplicates count."""
+  if len(xs) != len(ys) or len(xs) > MAX_ITEMS:
+    return False
+  edges = [[j for j, y in enumerate(ys) if _item_equal(x, y, pts)] for x in xs]
+  match: dict[int, int] = {}  # item of ys -> item of xs
+
+  def augment(i: int, seen: set[int]) -> bool:
+    for j in edges[i]:
+      if j not in seen:
+        seen.add(j)
+        if j not in match or augment(match[j], seen):
+          match[j] = i
+          return True
+    return False
+
+  return all(augment(i, set()) for i in range(len(xs)))
+
+
+def _by_label(a: Node, b: Node, pts) -> bool:
+  truth = {i[2][0]: i[2][1] for i in b[3]}
+  return all(i[2][0] in truth and _equal(i[2][1], truth[i[2][0]], pts) for i in a[3])
 
 
 def _labelled(node: Node) -> bool:
@@ -191,66 +214,18 @@ def _item_equal(x: Node, y: Node, pts) -> bool:
       return _set_equal(list(x[3]), list(y[3]), pts)
     if x[1:3] != y[1:3] and {x[1:3], y[1:3]} != {("", ""), ("(", ")")}:
       return False
-    return len(x[3]) == len(y[3]) and all(_item_equal(p, q, pts) for p, q in zip(x[3], y[3]))
+    if len(x[3]) != len(y[3]):
+      return False
+    if _bare(x) and _bare(y) and _labelled(x) and _labelled(y):  # `p=5, q=2` in `p=5, q=2; p=7, q=2`
+      return _by_label(x, y, pts)
+    return all(_item_equal(p, q, pts) for p, q in zip(x[3], y[3]))  # the parts of one answer: in order
   if x[0] == "matrix" or y[0] == "matrix":
     if x[0] != y[0] or [len(r) for r in x[1]] != [len(r) for r in y[1]]:
       return False
     return all(_item_equal(p, q, pts) for rx, ry in zip(x[1], y[1]) for p, q in zip(rx, ry))
   if x[0] == "union" or y[0] == "union":
     return x[0] == y[0] and _set_equal(list(x[1]), list(y[1]), pts)
-  return _scalar_equal(x, y, pts)
-
-
-def _scalar_equal(x: Node, y: Node, pts) -> bool:
-  """Prediction `x` against ground truth `y` (see the module docstring's `scalars`)."""
-  decimals = has_decimal(x) or has_decimal(y)
-  if not (symbols(x) or symbols(y)):
-    return _numbers_equal(x, latex_eval.evaluate(x, {}), y, latex_eval.evaluate(y, {}))
-  tol = latex_eval.REL_TOL if decimals else NOISE_TOL
-  values = [(latex_eval.evaluate(x, env), latex_eval.evaluate(y, env)) for env in pts]
-  defined = [(p, q) for p, q in values if p is not None or q is not None]
-  return bool(defined) and all(_within(p, q, tol) for p, q in defined)
-
-
-def _within(a, b, tol: float) -> bool:
-  if a is None or b is None:
-    return False
-  a, b = latex_eval.as_complex(a), latex_eval.as_complex(b)
-  if a == b:
-    return True
-  if any(v != v or abs(v) == float("inf") for v in (a.real, a.imag, b.real, b.imag)):
-    return False
-  return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
-
-
-def _rounding_of(dec_node: Node, dec, other) -> bool:
-  """Whether the bare decimal `dec_node` (value `dec`) is a rounding (or truncation) of `other`: within one unit
-  of its last place and REL_TOL."""
-  places = decimal_places(dec_node)
-  if places is None:
-    return False
-  diff = abs(latex_eval.as_complex(dec) - latex_eval.as_complex(other))
-  if isinstance(dec, Fraction) and isinstance(other, Fraction):
-    diff = abs(dec - other)
-  return diff < Fraction(1, 10 ** places) and _within(dec, other, latex_eval.REL_TOL)
-
-
-def _numbers_equal(x: Node, vx, y: Node, vy) -> bool:
-  if vx is None or vy is None:
-    return False
-  if isinstance(vx, Fraction) and isinstance(vy, Fraction) and vx == vy:
-    return True
-  if isinstance(vy, Fraction) and vy.denominator == 1 and not has_decimal(y):  # an integer answer is exact
-    return not isinstance(vx, Fraction) and not has_decimal(x) and _within(vx, vy, NOISE_TOL)
-  if isinstance(vx, Fraction) and vx.denominator == 1 and not has_decimal(x) and isinstance(vy, Fraction):
-    return False
-  if _rounding_of(x, vx, vy) or _rounding_of(y, vy, vx):
-    return True
-  if decimal_places(x) is not None or decimal_places(y) is not None:
-    return False  # a bare decimal that is no rounding of the other side
-  if isinstance(vx, Fraction) and isinstance(vy, Fraction):
-    return False
-  return _within(vx, vy, latex_eval.REL_TOL if has_decimal(x) or has_decimal(y) else NOISE_TOL)
+  return latex_numbers.scalar_equal(x, y, pts)
 
 
 # ---------------------------------------------------------------------------------------------- relations
@@ -259,17 +234,19 @@ def _numbers_equal(x: Node, vx, y: Node, vy) -> bool:
 def _rel_item_equal(x: Node, y: Node, pts) -> bool:
   if x[0] == "rel" and y[0] == "rel" and (_rel_equal(x, y, pts) or _chain_equal(x, y, pts)):
     return True
+  # The same set of reals written as an interval or as an inequality, either side (`-2 \\le x \\le 7` for
+  # `x \\in [-2, 7]`): Math-Verify's `allow_set_relation_comp=True`.
   ix, iy = _interval_of(x), _interval_of(y)
-  # A ground truth written as a set (an interval, `x \\in [a, b]`) wants a set; one written as an inequality
-  # takes either (Math-Verify's default, `allow_set_relation_comp=False`).
-  set_ok = not (_set_form(y) and not _set_form(x))
-  if set_ok and ix is not None and iy is not None and ix[0] in ("list", "union") and iy[0] in ("list", "union"):
+  if ix is not None and iy is not None and ix[0] in ("list", "union") and iy[0] in ("list", "union"):
     if _item_equal(ix, iy, pts):
       return True
   vx = value(x) if x[0] == "rel" else x
   vy = value(y) if y[0] == "rel" else y
   if vx is None or vy is None or (vx is x and vy is y):
     return False
+  lx, ly = _label(x), _label(y)
+  if lx is not None and ly is not None and canonical_key(lx) != canonical_key(ly):
+    return False  # `F_{n+1} = S` is not `F_n = S`: two labels must name the same thing
   if not (_chain_consistent(x, pts) and _chain_consistent(y, pts)):
     return False
   return _equal(vx, vy, pts)
@@ -283,10 +260,6 @@ def _chain_consistent(node: Node, pts) -> bool:
   members = list(node[2][1:] if is_label(node[2][0]) else node[2])
   last = members[-1]
   return all(_equal(m, last, pts) and _equal(last, m, pts) for m in members[:-1])
-
-
-def _set_form(node: Node) -> bool:
-  return node[0] != "rel" or node[1] == ("in",)
 
 
 def _interval_of(node: Node) -> Node | None:
@@ -319,6 +292,18 @@ def value(rel: Node) -> Node | None:
       return left
     return None
   if ops == ("in",) and is_label(opnds[0]):
+    return opnds[1]
+  return None
+
+
+def _label(node: Node) -> Node | None:
+  """The label whose value `value` reads (`AB` of `AB = 4` or `4 = AB`, `x` of `x \\in [1, 5]`), else None."""
+  if node[0] != "rel":
+    return None
+  opnds = node[2]
+  if is_label(opnds[0]):
+    return opnds[0]
+  if len(opnds) == 2 and node[1] == ("=",) and is_label(opnds[1]):
     return opnds[1]
   return None
 
@@ -376,7 +361,7 @@ def _chain_equal(x: Node, y: Node, pts) -> bool:
   cx, cy = _ascending(x), _ascending(y)
   if cx is None or cy is None or cx[0] != cy[0] or len(cx[0]) < 2:
     return False
-  return all(_scalar_equal(p, q, pts) for p, q in zip(cx[1], cy[1]))
+  return all(latex_numbers.scalar_equal(p, q, pts) for p, q in zip(cx[1], cy[1]))
 
 
 def _ascending(rel: Node) -> tuple[tuple, tuple] | None:
@@ -395,13 +380,38 @@ def _as_interval(rel: Node) -> Node | None:
     return None
   ops, opnds = asc
   constant = lambda n: not symbols(n)  # noqa: E731
-  if len(ops) == 2 and opnds[1][0] == "sym" and constant(opnds[0]) and constant(opnds[2]):
+  if len(ops) == 2 and constant(opnds[0]) and constant(opnds[2]):
     lo, hi = opnds[0], opnds[2]
-    return ("list", "(" if ops[0] == "<" else "[", ")" if ops[1] == "<" else "]", (lo, hi))
-  if len(ops) == 1:
-    left, right = opnds
-    if left[0] == "sym" and constant(right):
-      return ("list", "(", ")" if ops[0] == "<" else "]", (_NEG_INF, right))
-    if right[0] == "sym" and constant(left):
-      return ("list", "(" if ops[0] == "<" else "[", ")", (left, _INF))
+  elif len(ops) == 1 and constant(opnds[1]):
+    lo, hi = None, opnds[1]
+  elif len(ops) == 1 and constant(opnds[0]):
+    lo, hi = opnds[0], None
+  else:
+    return None
+  var = opnds[1] if len(ops) == 2 else opnds[0] if hi is not None else opnds[1]
+  closed_lo, closed_hi = ops[0] == "<=", ops[-1] == "<="
+  if var[0] == "sym":
+    return ("list", "[" if lo is not None and closed_lo else "(", "]" if hi is not None and closed_hi else ")",
+            (lo if lo is not None else _NEG_INF, hi if hi is not None else _INF))
+  if var[0] == "fn" and var[1] == "abs" and var[2][0] == "sym":
+    return _abs_interval(lo, closed_lo, hi, closed_hi)
   return None
+
+
+def _abs_interval(lo: Node | None, closed_lo: bool, hi: Node | None, closed_hi: bool) -> Node | None:
+  """`a <= |x| <= b` as [-b, -a] \\cup [a, b] (a > 0), `|x| < b` as (-b, b), `|x| >= a` as (-\\infty, -a] \\cup
+  [a, \\infty); None where the bound's sign is unknown or the set is not of these forms."""
+  lo_value = None if lo is None else latex_eval.evaluate(lo, {})
+  if lo is not None and not (isinstance(lo_value, Fraction) and lo_value >= 0):
+    return None
+  if lo is None or (lo_value == 0 and closed_lo):
+    if hi is None:
+      return None
+    return ("list", "[" if closed_hi else "(", "]" if closed_hi else ")", (("neg", hi), hi))
+  if lo_value == 0:
+    return None  # 0 < |x|: every real but 0
+  left_open, right_open = "[" if closed_hi else "(", "]" if closed_lo else ")"
+  neg_hi = ("neg", hi) if hi is not None else _NEG_INF
+  return ("union", (("list", left_open if hi is not None else "(", right_open, (neg_hi, ("neg", lo))),
+                    ("list", "[" if closed_lo else "(", "]" if hi is not None and closed_hi else ")",
+                     (lo, hi if hi is not None else _INF))))

@@ -45,7 +45,7 @@ def _eval(node: Node, env: dict[str, complex]) -> Number:
   kind = node[0]
   if kind == "num":
     return node[1]
-  if kind == "sym":
+  if kind in ("sym", "bigop"):  # a sum or product whose value is not computed is an unknown (latex_expr.big_op)
     return env[node[1]]
   if kind == "const":
     return _CONSTS[node[1]]

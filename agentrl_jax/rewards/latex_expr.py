@@ -39,16 +39,17 @@ GREEK = {"alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "theta", "v
          "Delta", "Gamma", "Theta", "Lambda", "Sigma", "Phi", "Psi"}
 RELS = {"=": "=", "<": "<", ">": ">", "<=": "<=", ">=": ">=", r"\leq": "<=", r"\geq": ">=", r"\ne": "!=",
         "!=": "!=", r"\approx": "~", r"\in": "in"}
-_ATOM_CMDS = FUNCS | GREEK | {"frac", "sqrt", "pi", "infty", "binom", "begin"}
+BIG_OPS = {"sum", "prod"}
+_ATOM_CMDS = FUNCS | GREEK | BIG_OPS | {"frac", "sqrt", "pi", "infty", "binom", "begin"}
 # Known commands first, longest first: `\cdotx` must split as `\cdot x` when a space was lost.
-_KNOWN = sorted(FUNCS | GREEK | {"frac", "sqrt", "pi", "infty", "binom", "cdot", "times", "div", "pm", "mp", "cup",
+_KNOWN = sorted(FUNCS | GREEK | BIG_OPS | {"frac", "sqrt", "pi", "infty", "binom", "cdot", "times", "div", "pm", "mp", "cup",
                                  "leq", "geq", "ne", "approx", "in"}, key=len, reverse=True)
 _TOKEN = re.compile(r"\s+|\d+\.?\d*|\.\d+|\\begin\{[a-zA-Z]+\}(?:\{[a-z|]*\})?|\\end\{[a-zA-Z]+\}|\\\\"
                     r"|\\(?:" + "|".join(_KNOWN) + r")|\\[a-zA-Z]+|\\[{}|]"
                     r"|(?<![A-Za-z])(?:and|or)(?![A-Za-z])|[A-Za-z]|<=|>=|!=|[-+*/^!()\[\]{},;_|=<>':&]|\S")
 # Commands that structure an answer: never read as a symbol.
 _STRUCTURAL = {"boxed", "fbox", "text", "end", "begin", "cap", "setminus", "to", "rightarrow", "Rightarrow",
-               "implies", "iff", "quad", "qquad", "cdots", "ldots", "dots", "vdots", "ddots", "sum", "prod", "int",
+               "implies", "iff", "quad", "qquad", "cdots", "ldots", "dots", "vdots", "ddots", "int",
                "lim", "overline", "vec", "hat", "bar", "tilde", "dot", "not", "forall", "exists"}
 _MATRIX_ENVS = ("pmatrix", "bmatrix", "Bmatrix", "matrix", "smallmatrix", "array")
 _OPEN = {"(": (")", "]"), "[": (")", "]"), r"\{": (r"\}",), "{": ("}",)}
@@ -95,15 +96,26 @@ class _Parser:
   # ------------------------------------------------------------------------------------------ structure
 
   def top(self) -> Node:
-    items, alternatives = [self.item()], False
+    items, alternatives, seps = [self.item()], False, []
     while self.peek() in (",", ";", "and", "or"):
-      alternatives |= self.take() == "or"
+      seps.append(self.take())
+      alternatives |= seps[-1] == "or"
       if self.peek() in ("and", "or"):  # "1, 2, and 3"
         alternatives |= self.take() == "or"
       items.append(self.item())
     if self.peek() is not None:
       raise Fail(f"trailing {self.peek()!r}")
-    # Alternatives ("2 or -3") are a set of answers; a plain list ("10, 4, -2") is ordered.
+    if ";" in seps and "," in seps and not alternatives:
+      # `p=5, q=2; p=7, q=2`: the semicolon separates answers, the comma the parts of one.
+      groups, group = [], [items[0]]
+      for sep, item in zip(seps, items[1:]):
+        if sep == ";":
+          groups.append(group)
+          group = []
+        group.append(item)
+      groups.append(group)
+      items = [g[0] if len(g) == 1 else ("list", "", "", tuple(g)) for g in groups]
+    # Alternatives ("2 or -3") are a set of answers; a plain list ("10, 4, -2") is a list of answers.
     return items[0] if len(items) == 1 else ("list", "", "or" if alternatives else "", tuple(items))
 
   def item(self) -> Node:
@@ -276,6 +288,8 @@ class _Parser:
         self.take("]")
       arg = self.group()
       return ("pow", arg, ("div", ("num", Fraction(1)), index if index is not None else ("num", Fraction(2))))
+    if name in BIG_OPS:
+      return self.big_op(name)
     if name == "pi":
       return ("const", "pi")
     if name == "infty":
@@ -291,6 +305,38 @@ class _Parser:
     if self.peek() not in ("{", "[") and name not in _STRUCTURAL:
       return ("sym", "\\" + name)  # an unknown command without arguments (\zeta_0, \aleph) is a symbol
     raise Fail(f"unsupported command \\{name}")
+
+  def big_op(self, name: str) -> Node:
+    """`\\sum_{k=0}^{n-1} F_k F_{n-k-1}`: its index, bounds and body (the product that follows, as in `2 \\sum_k
+    a_k + 1`) as one ('bigop', key) node. The key is the canonical text of the parts, sums and products in the
+    body ordered (`canonical_key`), so the same sum written with its factors or terms in another order is the
+    same node; values treat it as an unknown (nothing here computes a sum), so it equals only itself."""
+    index, lower, upper = None, None, None
+    for _ in range(2):
+      if self.peek() == "_" and lower is None:
+        self.take()
+        if self.peek() == "{":
+          self.take()
+          index = self.take()
+          if not index.isalpha() or len(index) != 1:
+            raise Fail("unsupported index")
+          if self.peek() == "=":
+            self.take()
+            lower = self.expr()
+          else:
+            lower = ("none",)
+          self.take("}")
+        else:
+          index, lower = self.take(), ("none",)
+          if not index.isalpha() or len(index) != 1:
+            raise Fail("unsupported index")
+      elif self.peek() == "^" and upper is None:
+        self.take()
+        upper = self.group()
+    if index is None or self.peek() is None or not self.starts_atom(self.peek()):
+      raise Fail(f"\\{name} without an index or a body")
+    body = self.term()
+    return ("bigop", "\\" + name + "@" + index + canonical_key(("parts", lower, upper or ("none",), body)))
 
   def matrix(self, begin: str) -> Node:
     env = begin[len(r"\begin{"):].split("}", 1)[0]
@@ -360,6 +406,31 @@ def parse(answer: str) -> Node | None:
     return None
 
 
+def canonical_key(node: Node) -> str:
+  """Text of a tree with the operands of sums and of products in a fixed order (`b + a` and `a + b`, `F_k
+  F_{n-k-1}` and `F_{n-k-1} F_k` give one key): addition and multiplication commute, nothing else is assumed."""
+  kind = node[0]
+  if kind in ("add", "mul"):
+    operands, stack = [], [node]
+    while stack:
+      n = stack.pop()
+      if n[0] == kind:
+        stack.extend((n[1], n[2]))
+      else:
+        operands.append(canonical_key(n))
+    return "(" + ("+" if kind == "add" else "*") + " " + " ".join(sorted(operands)) + ")"
+  parts = [kind]
+  for child in node[1:]:
+    if isinstance(child, tuple) and child and isinstance(child[0], str):
+      parts.append(canonical_key(child))
+    elif isinstance(child, tuple):  # items of a list, rows of a matrix
+      parts.append("[" + " ".join(canonical_key(c) if c and isinstance(c[0], str) else
+                                  "[" + " ".join(canonical_key(x) for x in c) + "]" for c in child) + "]")
+    else:
+      parts.append(str(child))
+  return "(" + " ".join(parts) + ")"
+
+
 def subnodes(node: Node):
   """Every node of a tree, depth first (items of lists and matrix rows included)."""
   stack = [node]
@@ -379,4 +450,4 @@ def has_decimal(node: Node) -> bool:
 
 def symbols(node: Node) -> set[str]:
   """Names of the free symbols of a tree."""
-  return {n[1] for n in subnodes(node) if n[0] == "sym"}
+  return {n[1] for n in subnodes(node) if n[0] in ("sym", "bigop")}

@@ -14,12 +14,14 @@ Modes:
           `\\boxed{33.00001}` is not 33 and `\\boxed{3 = 5 = 7}` is not 7. As there, control tokens (`<|im_end|>`)
           are not part of the response (the reference decodes with `skip_special_tokens=True`).
   equiv   equivalence at the level of Math-Verify (`latex.equivalent`): fractions, roots, decimals, thousands
-          separators, units and percent words, labelled answers, equations and inequalities, intervals,
-          matrices; integers exact, a decimal only as a rounding within its last place, a chain only when all
-          its members are equal, tuples and plain lists in order, sets only when written as sets. The answer is
-          the last box, joined with the boxes just before it when only separators stand between them
-          (`\\boxed{(2,2)} \\text{ and } \\boxed{(6,2)}`), so several boxes answer together and a hedge
-          (`\\boxed{3} or \\boxed{5}`) is a list, never its last item.
+          separators, units and percent words, labelled answers, equations and inequalities, intervals and the
+          inequalities of the same set, sums and products in any order, matrices; integers exact, a decimal as a
+          rounding of the value to its own last place (three significant digits or more), a chain only when
+          all its members are equal, a list of answers as a multiset (any order, no answer missing, extra or
+          repeated), one tuple in order. The answer is the last box, joined with the boxes just before it when
+          only separators (or the next box's label) stand between them (`\\boxed{(2,2)} \\text{ and }
+          \\boxed{(6,2)}`), so several boxes answer together and a hedge (`\\boxed{3} or \\boxed{5}`) is a list,
+          never its last item.
 A response without a boxed answer is wrong. The text scored is what the model generated (`rl.batch.model_text`
 reads only its own tokens: a tool's output is never its answer); `<tool_response>` blocks found in a text are
 dropped as well. Every call is bounded (see `latex`), whatever the input.
@@ -39,9 +41,9 @@ _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 _TOOL_RESPONSE_RE = re.compile(r"<tool_response>.*?(?:</tool_response>|\Z)", re.DOTALL)
 _CONTROL_TOKEN_RE = re.compile(r"<\|[a-z_]{1,40}\|>")
 # What may stand between boxes that answer together: whitespace, commas, semicolons, 'and' / 'or', math
-# delimiters, spacing commands, \text{ and }.
+# delimiters, spacing commands, \text{ and }, the label of the next box (`y_2 = \boxed{..}`).
 _JOINER_RE = re.compile(r"(?:\s|[,;.&]|\$|\\[()\[\]]|\\\\|\\[,;:! ]|\\q?quad|\band\b|\bor\b"
-                        r"|\\text\s*\{\s*(?:and|or|,)?\s*\})*")
+                        r"|\\text\s*\{\s*(?:and|or|,)?\s*\})*(?:(?<![A-Za-z])[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=\s*)?")
 _MAX_JOINER_CHARS = 40
 
 

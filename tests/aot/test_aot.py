@@ -114,3 +114,44 @@ def test_disaggregated_programs_compile_each_on_their_own_devices_with_the_trans
   assert all(r["fits"] and r["compile_cpu_s"] > 0 for r in rows.values())
   # The transfer holds one copy of the parameters on each side: its bytes, not a training state's.
   assert 0 < rows["rl/weight_transfer"]["hbm_gib"] < rows["rl/update"]["hbm_gib"]
+
+
+def test_v4_lists_two_devices_per_chip():
+  """libtpu describes a v4 chip as two devices (one per TensorCore), a v5p chip as one: per-device HBM and peak
+  follow the description, not an assumption."""
+  v4, v5p = target.target("v4:2x2x1"), target.target("v5p:2x2x1")
+  assert (len(v4.devices), v4.devices_per_chip, v4.hbm_per_device) == (8, 2, 16 << 30)
+  assert (len(v5p.devices), v5p.devices_per_chip, v5p.hbm_per_device) == (4, 1, 95 << 30)
+
+
+def test_init_programs_and_reference_parameters_are_counted():
+  """A fresh run compiles its parameter and optimizer inits; a KL term keeps a reference copy of the parameters
+  in HBM beside every later program, and scoring runs beside the AdamW moments."""
+  t = target.target("v5e:2x2")
+  plain = programs.for_config(_tiny_rl(), t)
+  kl = programs.for_config(_tiny_rl(**{"rl.loss.kl_coeff": 0.1}), t)
+  names = [p.name for p in kl.programs]
+  assert names[:3] == ["init/params", "init/reference", "init/optimizer"]
+  assert [p.name for p in plain.programs][:2] == ["init/params", "init/optimizer"]
+  graphdef, state = update_abstract(kl, t)
+  params = programs.device_bytes(state.params)
+  moments = programs.device_bytes(state) - params
+  by_name = {p.name: p for p in kl.programs}
+  assert by_name["init/params"].resident == 0 and by_name["init/reference"].resident == params + moments
+  assert by_name["rl/update"].resident == params and by_name["rl/logprobs"].resident == moments + params
+  assert by_name["rollout/decode"].resident == kl.resident == plain.resident + params
+  assert {p.name: p.resident for p in plain.programs}["rl/update"] == 0 and by_name["init/optimizer"].resident == params
+  # Compiled: the reference's init is the same module as the policy's, compiled again, and its cost counts.
+  report = aot.compile_all(_tiny_rl(**{"rl.loss.kl_coeff": 0.1}), "v5e:2x2", only=("init/",))
+  rows = {r["program"]: r for r in report["programs"]}
+  assert rows["init/reference"]["same_as"] == "init/params params" and rows["init/reference"]["compile_cpu_s"] > 0
+  assert report["total_compile_cpu_s"] == round(sum(r["compile_cpu_s"] for r in report["programs"]), 2)
+
+
+def update_abstract(plan, t):
+  """The abstract train state the plan was built on (the same constructor, the same mesh)."""
+  from agentrl_jax.rl import update as update_lib
+
+  cfg = _tiny_rl()
+  mesh = target.mesh(cfg.mesh, t)
+  return update_lib.abstract_train_state(plan.model_cfg, update_lib.OptimizerConfig(**cfg.optimizer), mesh)

@@ -9,8 +9,12 @@
 
 Math-Verify's cases are (gold, prediction) strings for free-text extraction; as a boxed-answer reward needs, the
 gold loses its math delimiters (several boxes in it are joined) and an unboxed prediction is boxed whole. Rows
-that set a non-default Math-Verify option (`strict=False`, `allow_set_relation_comp=True`, another `precision`)
-label another configuration and are left out.
+that set a Math-Verify option ours does not share (`strict=False`, `allow_set_relation_comp=False`, another
+`precision`) label another configuration and are left out; ours compares sets with relations both ways
+(`allow_set_relation_comp=True`) and reads a decimal to its own last place whatever the precision.
+`OVERRULED` lists the public labels the project's stated rules contradict (a chain whose members differ, a
+hedge, a duplicated solution, an intermediate result in the last box, a string checker's order test): each suite
+reports how many of its labels were overruled, and its agreement and false accepts against the overruled labels.
 "Final-answer" cases are those whose prediction is boxed or one math expression (no prose to extract from).
 Qwen2.5-Math's grader ships its hard cases as examples without labels (evaluation/grader.py, `_test_math_equal`);
 `QWEN25_MATH_EXAMPLES` holds them with the label of their mathematical truth. Each suite reports its agreement and
@@ -70,7 +74,26 @@ QWEN25_MATH_EXAMPLES = [
     ("(+5)(b+2)", "(a+5)(b+2)", False), ("\\frac{1+\\sqrt{5}}{2}", "2", False),
     ("\\frac{34}{16}+\\frac{\\sqrt{1358}}{16}", "4", False), ("1", "1\\\\sqrt{19}", False), ("x+1", "x+2n+1", False),
 ]
-_NON_DEFAULT = {"strict": False, "allow_set_relation_comp": True}
+_NON_DEFAULT = {"strict": False, "allow_set_relation_comp": False}
+
+# (ground truth, a fragment of the prediction, reason): public labels the project's stated rules overrule.
+OVERRULED = [
+    ("x = 11", "x = 5+5+1 = 7 =11", "a chain states its last member only when all its members are equal"),
+    ("1 = \\zzz = x = 0", "0", "a chain states its last member only when all its members are equal"),
+    ("z = 1 + 1 = 2", "z = 3+3 = 2", "a chain states its last member only when all its members are equal"),
+    ("1 - \\frac{1}{\\mathrm{e}}", "1 + \\frac{1}{\\mathrm{e}}", "1 + 1/e is not 1 - 1/e"),
+    ("4", "\\boxed{{35 cm,4}}", "a box with two answers is a hedge"),
+    ("10455", "= \\boxed{255}$ So, after six months", "the answer is the last box (here an intermediate 255)"),
+    ("(37,3,3,13),(17,3,3,7),(3,37,3,13),(3,17,3,7),(3,3,2,3)", "(3,17,3,7), (17,3,3,7)",
+     "a list of solutions is a multiset: a solution listed twice is a wrong list"),
+    ("4, 10, -2", "10, 4, -2", "a list of answers is a multiset (hendrycks' string compare tests its order)"),
+    ("4, .1, 2", "0.1, 4, 2", "a list of answers is a multiset (hendrycks' string compare tests its order)"),
+]
+
+
+def overruled(truth: str, response: str) -> str:
+  """The reason a case's public label is overruled, or ''."""
+  return next((why for t, frag, why in OVERRULED if truth == t and frag in response), "")
 
 
 def _as_reward_case(gold: str, pred: str) -> tuple[str, str]:
@@ -143,17 +166,23 @@ def hendrycks_cases(path: str) -> list[tuple[str, str, str, bool]]:
   return out
 
 
-def agreement(check, cases) -> dict[str, str]:
+def agreement(check, cases, verbose: bool = False) -> dict[str, str]:
   per = collections.defaultdict(lambda: [0, 0])
-  false_accepts = 0
+  false_accepts = n_overruled = 0
   for cls, response, truth, expected in cases:
     got = check(response, truth)
+    why = overruled(truth, response)
+    if why:
+      expected, n_overruled = not expected, n_overruled + 1
     per[cls][0] += got == expected
     per[cls][1] += 1
     false_accepts += got and not expected
+    if verbose and got != expected:
+      print(f"disagree ({cls}): expected {expected}, truth {truth[:80]!r}, response {response[-120:]!r}",
+            file=sys.stderr)
   total = [sum(v[0] for v in per.values()), sum(v[1] for v in per.values())]
   return {**{k: f"{a}/{n}" for k, (a, n) in per.items()}, "total": f"{total[0]}/{total[1]}",
-          "false_accepts": false_accepts}
+          "false_accepts": false_accepts, "overruled": n_overruled}
 
 
 def worst_time_per_call(check, cases) -> dict[str, float]:
@@ -184,6 +213,7 @@ def main():
   parser.add_argument("--math-verify", action="store_true")
   parser.add_argument("--suite", default="")
   parser.add_argument("--hendrycks", default="")
+  parser.add_argument("--verbose", action="store_true", help="print each disagreement (stderr)")
   args = parser.parse_args()
   own = [(cls, *case) for cls, cases in CLASSES.items() for case in cases]
   checkers = {"ours": ours}
@@ -202,7 +232,7 @@ def main():
     if args.hendrycks:
       hendrycks = [(test, "\\boxed{" + p + "}", t, e) for test, p, t, e in hendrycks_cases(args.hendrycks)]
       everything += hendrycks
-      out[name]["hendrycks_math_tests"] = {k: v for k, v in agreement(check, hendrycks).items() if not
+      out[name]["hendrycks_math_tests"] = {k: v for k, v in agreement(check, hendrycks, args.verbose).items() if not
                                            k.startswith("test_")}
     if args.suite:
       cases = suite_cases(args.suite)
@@ -210,7 +240,8 @@ def main():
       final = [r for r, (_, gold, pred, _) in zip(rows, cases) if _final_answer_case(gold, pred)]
       everything += rows
       for key, part in (("suite_all", rows), ("suite_final_answer", final)):
-        out[name][key] = {k: v for k, v in agreement(check, part).items() if k in ("total", "false_accepts")}
+        out[name][key] = {k: v for k, v in agreement(check, part, args.verbose and key == "suite_final_answer").items()
+                          if k in ("total", "false_accepts", "overruled")}
     out[name]["worst_call"] = worst_time_per_call(check, everything)
   print(json.dumps(out))
 
