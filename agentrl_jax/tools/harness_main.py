@@ -1,8 +1,8 @@
 """The assert-form test harness, run inside the sandbox as the program itself (`testcases.run_suite` builds it).
 
 Not imported in the sandbox: `assert_tests.program_for` sends the text of `harness_protocol.py`,
-`harness_solution.py` and this file, then one line, `_main(SOLUTION, PREFIX)`, as the program, and the test on
-standard input. Standard library only.
+`harness_solution.py` and this file, then one line, `_main(SOLUTION, PREFIX, SCRIPT)`, as the program, and the
+test on standard input. Standard library only.
 
 Why two processes. A check that runs in the solution's interpreter can be defeated by the solution: it can exit
 0 before the check (`os._exit`, `sys.exit`, `SystemExit`), exit 0 after a failed one (atexit, `sys.excepthook`,
@@ -11,32 +11,51 @@ So the program forks at once:
 
   tester (T)   this process, pid 1 of the sandbox's pid namespace. It makes itself non-dumpable (no same-uid
                process may read its memory or descriptors: no ptrace, no /proc/PID/mem, no /proc/PID/fd), forks
-               S, and only THEN reads standard input: a per-run random nonce, the test code and what to run.
+               S, and only THEN reads standard input: a per-run random key, the test code and what to run.
                It runs the test code in its own interpreter with its own builtins; every name the test takes
                from the solution (`candidate`, `from solution import f`, a helper) is a proxy that calls S.
   solution (S) closes its standard input, runs the prefix and the solution, and serves those calls: a call's
                arguments arrive as data, its result leaves as data. What crosses is plain data (None, bool,
                int, float, complex, str, bytes, list, tuple, dict, set, frozenset, Fraction, Decimal, range)
                or an opaque handle to an object of the solution's own; T rebuilds the data as ITS objects, so
-               every comparison in the test is between T's values. A handle can be called, read and written
-               through (attributes, items, len, iteration, str, truth), but not compared: no `__eq__` of the
-               solution's decides a test. Arguments lists, dicts and sets come back after the call, so in-place
-               mutation works as in one process.
+               every comparison in the test is between T's values. A module crosses by name and T uses its own
+               (a solution's `math` with a patched `isclose` is not the test's `math`); an exception class by
+               its MRO's names, so `pytest.raises(SolutionError)` catches what the solution raises.
 
-When the test has run, T kills S and writes its verdict as one line, `\\n<nonce> {json}\\n` (one write below
-PIPE_BUF, so no other writer can split it), then exits. The host accepts a pass only from a line carrying the
-nonce of that run, which S never had: it was read after the fork, into memory S cannot read, from a descriptor
-S closed. S dying (any exit, any signal), hanging, breaking the protocol or raising SystemExit fails the test,
-whatever the test does afterwards. Signals to T from inside the sandbox are dropped (pid 1 without handlers),
-and T ignores the catchable ones. Run by an executor that gives programs root (a SandboxFusion container), S
-drops to `nobody` before any solution code, so the non-dumpable T stays out of its reach there too.
+What the solution cannot decide. A handle can be called, read and written through (attributes, items, len,
+iteration, str, truth), but never compared, not even with itself: no `__eq__`, ordering or `__contains__` of the
+solution's decides a test (`x in handle` is decided by T over the handle's items). An exception the solution
+raises that would steer T's control flow (StopIteration ends `map`, `zip`, `all`) arrives as a RuntimeError of
+that name. Arguments (lists, dicts, sets, bytearrays) come back after a call, so in-place mutation works, but the
+changes reach the test at its next statement (or the solution's next call): `assert candidate(xs) ==
+sorted(xs)` compares with the list the test passed in. Names: the test reads only what it imports from
+`solution`, the entry point and, for a free name (one the test uses but never defines), the solution's global of
+that name; a star import never shadows a builtin or a name of the trusted prefix; a test that names an entry
+point and uses a helper only the solution could supply is malformed (the prompt's helpers belong in the prefix).
+
+Checks that never run are not passes. The test code is instrumented: each executed assert, `assert*` /
+`raises` / `fail` call and `if ...: raise` counts as a check. A test passes only if no check failed, at least
+one ran, and at least as many ran as the test's body holds unconditionally; zero checks with no part of the
+solution consulted is a malformed test (an `async def` test is run to completion, a generator test iterated,
+HumanEval's and MBPP's script-style tests run as `__main__`).
+
+When the test has run, T kills S and writes its verdict as one line, `\\nagentrl-verdict <mac> <json>\\n`, the
+JSON's HMAC-SHA256 under the run's key (one write below PIPE_BUF). The host accepts a verdict only with a valid
+MAC, and the key never leaves T: it was read after the fork, into memory S cannot read, from a descriptor S
+closed, and no line holds it. A process of the solution's that reads T's output (a grandchild reopening
+`/proc/self/fd/1` where the sandbox runs as the host's uid) learns nothing it can forge with; taking the line
+away only leaves the host without a verdict, a failed test. S dying (any exit, any signal), hanging, breaking
+the protocol or raising SystemExit fails the test, whatever the test does afterwards. Signals to T from inside
+the sandbox are dropped (pid 1 without handlers), and T ignores the catchable ones. Run by an executor that
+gives programs root (a SandboxFusion container), S drops to `nobody` before any solution code, so the
+non-dumpable T stays out of its reach there too.
 
 Verdicts: pass; fail (with the first failure); malformed (the test itself cannot run: it imports a module that
-does not exist, or its prefix fails); unsupported (the test hands the solution something the harness cannot
-carry, e.g. one of its own functions or objects); harness_error (the harness broke before the solution was
-involved). Only pass is a pass; the last three are not the response's doing and the reward reports them as such.
-A test that compares two objects of the solution's own type (a solution-defined `__eq__` deciding) fails: no
-harness that keeps the solution's code out of its comparisons can run it.
+does not exist, its prefix fails, it runs no check); unsupported (the test hands one of the solution's names
+something the harness cannot carry, e.g. one of its own functions); harness_error (the harness broke before the
+solution was involved). Only pass is a pass; the last three are not the response's doing and the reward reports
+them as such, so none of them may depend on the solution: a transfer the solution provoked (its result's method
+called with the test's own callable) is a failed test.
 
 The messages between T and S and the values they carry are in `harness_protocol.py`, S in `harness_solution.py`;
 their text precedes this file's in the program.
@@ -55,6 +74,14 @@ if __name__ != "__main__":  # imported (tests, tooling); in the sandbox the othe
 
 _UNCOMPARABLE = ("an object of the solution's own type is compared: the harness compares data only, never with "
                  "the solution's __eq__")
+_VERDICT_TAG = "agentrl-verdict"
+_TEST_FILE = "<test>"
+# Exceptions that end an iteration or a generator when they escape a call: from the solution they would stop
+# the test's own loops (`all(map(...))`), so T raises a RuntimeError of that name instead.
+_CONTROL_FLOW = ("StopIteration", "StopAsyncIteration")
+# Calls that are checks: unittest's assert* methods, pytest.raises / fail / warns, numpy.testing.assert_*.
+_CHECK_CALL_PREFIX = "assert"
+_CHECK_CALLS = ("raises", "fail", "warns", "deprecated_call")
 
 
 class _Gone(BaseException):
@@ -63,6 +90,107 @@ class _Gone(BaseException):
 
 class _Unsupported(BaseException):
   """The test handed S something the harness cannot carry (a function or object of the test's own)."""
+
+
+class _Malformed(BaseException):
+  """The test cannot run here whatever the solution does (a skipped test, a helper no trusted code defines)."""
+
+
+# ----------------------------------------------------------------------------------------------- the test code
+
+
+def _call_name(call):
+  f = call.func
+  return f.attr if type(f).__name__ == "Attribute" else f.id if type(f).__name__ == "Name" else ""
+
+
+def _is_check_call(call):
+  name = _call_name(call)
+  return name.startswith(_CHECK_CALL_PREFIX) or name in _CHECK_CALLS
+
+
+def _raises_inside(node, ast):
+  return any(isinstance(n, ast.Raise) or (isinstance(n, ast.Call) and _call_name(n) in ("fail", "exit", "_exit"))
+             for n in ast.walk(node))
+
+
+def _is_check_stmt(stmt, ast):
+  """Whether a statement is unconditionally a check when it runs (the expected count is made of these)."""
+  if isinstance(stmt, ast.Assert):
+    return True
+  if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and _is_check_call(stmt.value):
+    return True
+  if isinstance(stmt, (ast.With, ast.AsyncWith)):
+    return any(isinstance(i.context_expr, ast.Call) and _is_check_call(i.context_expr) for i in stmt.items)
+  return isinstance(stmt, ast.If) and _raises_inside(stmt, ast)
+
+
+def _instrument(tree, ast):
+  """The test's AST with `__agentrl_step__()` before every statement and `__agentrl_check__()` before every
+  assert and `if ...: raise`; check calls wrapped in `__agentrl_counted__(...)`."""
+
+  def call(name, at):
+    return ast.copy_location(ast.Expr(ast.Call(ast.Name(name, ast.Load()), [], [])), at)
+
+  class Instrument(ast.NodeTransformer):
+    """Adds the counters; statement lists anywhere (bodies, else, finally, handlers, cases)."""
+
+    def generic_visit(self, node):
+      for field, value in ast.iter_fields(node):
+        if isinstance(value, list):
+          items = [self.visit(v) if isinstance(v, ast.AST) else v for v in value]
+          items = [v for v in items if v is not None]
+          if items and all(isinstance(v, ast.stmt) for v in items):
+            items = self.statements(node, items)
+          setattr(node, field, items)
+        elif isinstance(value, ast.AST):
+          setattr(node, field, self.visit(value))
+      return node
+
+    def statements(self, owner, body):
+      out = []
+      for i, stmt in enumerate(body):
+        docstring = (i == 0 and isinstance(owner, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                     and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+                     and isinstance(stmt.value.value, str))
+        future = isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"
+        if not (docstring or future):
+          out.append(call("__agentrl_step__", stmt))
+          if isinstance(stmt, ast.Assert) or (isinstance(stmt, ast.If) and _raises_inside(stmt, ast)):
+            out.append(call("__agentrl_check__", stmt))
+        out.append(stmt)
+      return out
+
+    def visit_Call(self, node):  # pylint: disable=invalid-name
+      self.generic_visit(node)
+      if _is_check_call(node):
+        node.func = ast.copy_location(ast.Call(ast.Name("__agentrl_counted__", ast.Load()), [node.func], []),
+                                      node.func)
+      return node
+
+  tree = Instrument().visit(tree)
+  return ast.fix_missing_locations(tree)
+
+
+def _target_body(tree, target, ast):
+  """The statements of what `target` runs ('check', 'module', 'test:NAME', 'test:Class.method')."""
+  if target == "module":
+    return tree.body
+  name = "check" if target == "check" else target[len("test:"):]
+  cls_name, _, method = name.partition(".")
+  for node in tree.body:
+    if method and isinstance(node, ast.ClassDef) and node.name == cls_name:
+      for item in node.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == method:
+          return item.body
+    if not method and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == cls_name:
+      return node.body
+  return []
+
+
+def _star_imports_solution(tree, ast):
+  return any(isinstance(n, ast.ImportFrom) and n.module == "solution" and any(a.name == "*" for a in n.names)
+             for n in ast.walk(tree))
 
 
 # ----------------------------------------------------------------------------------------------- T: the tester
@@ -76,25 +204,34 @@ class _Tester:
     self.gone = ""  # why S can no longer answer; once set, the test has failed
     self.unsupported = ""
     self.remote_errors = set()  # ids of exceptions raised in T on behalf of S
-    self.exc_classes = {}
+    self.exc_classes = {}  # MRO names -> T's class of that name
     self.names = []
+    self.checks = 0  # checks the test ran
+    self.consulted = False  # the test used something of the solution's (a call, a value, a global)
+    self.pending = []  # (frame, target, value): copy-backs the test sees from its next statement on
     tester = self
 
     class Remote:
-      """A handle to an object of the solution's (see the module docstring)."""
+      """A handle to an object of the solution's (see the module docstring). `_g`: one of the solution's names
+      the test took (its entry point, an import, a free name), as opposed to what a call returned."""
 
-      __slots__ = ("_h",)
+      __slots__ = ("_h", "_g")
 
-      def __init__(self, h):
+      def __init__(self, h, g=False):
         object.__setattr__(self, "_h", h)
+        object.__setattr__(self, "_g", g)
 
       def __call__(self, *args, **kwargs):
-        enc_args = [tester.enc(a) for a in args]
-        enc_kwargs = {str(k): tester.enc(v) for k, v in kwargs.items()}
+        enc_args = [tester.enc(a, self._g) for a in args]
+        enc_kwargs = {str(k): tester.enc(v, self._g) for k, v in kwargs.items()}
         reply = tester.request(["call", self._h, enc_args, enc_kwargs])
+        frame = tester.test_frame()
         for key, value in reply[2] if len(reply) > 2 and type(reply[2]) is list else ():
           target = args[key] if type(key) is int and 0 <= key < len(args) else kwargs.get(key)
-          tester.copy_back(target, value)
+          if frame is None:
+            tester.copy_back(target, value)
+          else:
+            tester.pending.append((frame, target, value))
         return tester.dec(reply[1])
 
       def __getattr__(self, name):
@@ -103,16 +240,16 @@ class _Tester:
         return tester.dec(tester.request(["getattr", self._h, name])[1])
 
       def __setattr__(self, name, value):
-        tester.request(["setattr", self._h, name, tester.enc(value)])
+        tester.request(["setattr", self._h, name, tester.enc(value, self._g)])
 
       def __getitem__(self, key):
-        return tester.dec(tester.request(["getitem", self._h, tester.enc(key)])[1])
+        return tester.dec(tester.request(["getitem", self._h, tester.enc(key, self._g)])[1])
 
       def __setitem__(self, key, value):
-        tester.request(["setitem", self._h, tester.enc(key), tester.enc(value)])
+        tester.request(["setitem", self._h, tester.enc(key, self._g), tester.enc(value, self._g)])
 
       def __delitem__(self, key):
-        tester.request(["delitem", self._h, tester.enc(key)])
+        tester.request(["delitem", self._h, tester.enc(key, self._g)])
 
       def __len__(self):
         return tester.typed(tester.request(["len", self._h])[1], int, "len()")
@@ -124,7 +261,8 @@ class _Tester:
         return iter(tester.typed(tester.dec(tester.request(["iter", self._h])[1]), list, "iter()"))
 
       def __contains__(self, item):
-        return bool(tester.typed(tester.request(["contains", self._h, tester.enc(item)])[1], bool, "in"))
+        # Decided here over the items (data compared by T; a handle equals nothing), never by the object.
+        return any(v is item or v == item for v in self.__iter__())
 
       def __str__(self):
         return tester.typed(tester.request(["str", self._h])[1], str, "str()")
@@ -138,12 +276,10 @@ class _Tester:
         return tester.typed(tester.request(["isinstance", obj._h, self._h])[1], bool, "isinstance()")
 
       def __eq__(self, other):
-        if type(other) is Remote and other._h == self._h:
-          return True
-        raise TypeError(_UNCOMPARABLE)
+        raise TypeError(_UNCOMPARABLE)  # even with itself: one object returned for every call equals nothing
 
       def __ne__(self, other):
-        return not self.__eq__(other)
+        raise TypeError(_UNCOMPARABLE)
 
       def _order(self, other):
         raise TypeError(_UNCOMPARABLE)
@@ -159,6 +295,9 @@ class _Tester:
   def request(self, msg):
     if self.gone:
       raise _Gone(self.gone)
+    if self.pending:  # the solution sees its own changes
+      self.apply_pending(None)
+    self.consulted = True
     try:
       _send(self.req_w, msg)
       reply = _recv(self.rep_r)
@@ -175,14 +314,21 @@ class _Tester:
       raise self.remote_exception(reply)
     return reply
 
-  def enc(self, x):
+  def enc(self, x, to_name=False):
+    """`x` as protocol data. An object the harness cannot carry is unsupported when the test hands it to one
+    of the solution's names (`to_name`: the test's structure), else a failure of the test: the solution
+    provoked it (e.g. returned an object whose method the test then calls with its own callable)."""
+
     def handle(obj, depth):
       del depth
       if type(obj) is self.Remote:
         return ["r", obj._h]
-      self.unsupported = (f"the test passes the solution an object of type {type(obj).__name__}, which the "
-                          "harness cannot carry across processes")
-      raise _Unsupported(self.unsupported)
+      why = (f"the test passes the solution an object of type {type(obj).__name__}, which the harness cannot "
+             "carry across processes")
+      if not to_name:
+        raise TypeError(why + " (to something the solution returned)")
+      self.unsupported = why
+      raise _Unsupported(why)
 
     def plain(obj, depth):  # the test's own subclasses of the plain types (OrderedDict, namedtuple...)
       for base in (dict, list, tuple, set, frozenset, str, int, float, bytes):
@@ -192,12 +338,50 @@ class _Tester:
 
     return _enc(x, plain)
 
-  def dec(self, x):
+  def dec(self, x, named=False):
     try:
-      return _dec(x, self.Remote)
+      return _dec(x, lambda h: self.Remote(h, named), special=self.special)
+    except _Gone:
+      raise
     except (ValueError, TypeError, RecursionError, OverflowError) as e:
       self.gone = f"the solution process sent malformed data ({_message(e)})"
       raise _Gone(self.gone) from None
+
+  def special(self, tag, items):
+    if tag == "x":
+      return self.exception_class(items)
+    import importlib  # pylint: disable=import-outside-toplevel
+    try:
+      return importlib.import_module(items[0])
+    except BaseException as e:  # pylint: disable=broad-except
+      self.gone = f"the solution's value is a module {items[0][:100]!r} the tester cannot import ({_message(e)})"
+      raise _Gone(self.gone) from None
+
+  def exception_class(self, names):
+    """T's class for an exception class of these MRO names: a builtin one, or one made here (cached, so the
+    class the test imported is the class a raised exception has)."""
+    names = [n for n in names if type(n) is str]
+    for i, n in enumerate(names):
+      builtin = getattr(_builtins, n, None)
+      if isinstance(builtin, type) and issubclass(builtin, BaseException):
+        break
+    else:
+      i, builtin = len(names), Exception
+    if builtin.__name__ in _CONTROL_FLOW or not issubclass(builtin, Exception):
+      builtin = RuntimeError
+    cls = builtin
+    for depth in range(i - 1, -1, -1):  # the solution's own classes, outermost first
+      key = tuple(names[depth:])
+      if key not in self.exc_classes:
+        name = names[depth] if names[depth].isidentifier() else "SolutionError"
+        self.exc_classes[key] = type(name, (cls,), {"__module__": "solution"})
+      cls = self.exc_classes[key]
+    if i == 0 and names and names[0] in _CONTROL_FLOW:
+      key = tuple(names)
+      if key not in self.exc_classes:
+        self.exc_classes[key] = type(names[0], (RuntimeError,), {"__module__": "solution"})
+      cls = self.exc_classes[key]
+    return cls
 
   def typed(self, value, kind, what):
     if type(value) is not kind:
@@ -218,6 +402,40 @@ class _Tester:
     elif type(target) is bytearray and type(new) is bytearray:
       target[:] = new
 
+  @staticmethod
+  def test_frame():
+    """The innermost frame of the test's own code on the stack (None if the call came from elsewhere)."""
+    frame = _sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename != _TEST_FILE:
+      frame = frame.f_back
+    return frame
+
+  def apply_pending(self, frame):
+    """Applies the copy-backs of calls made in `frame`, or whose frame has finished (`None`: all of them)."""
+    if frame is not None:
+      live, f = set(), frame
+      while f is not None:
+        live.add(id(f))
+        f = f.f_back
+    keep = []
+    for entry in self.pending:
+      if frame is None or entry[0] is frame or id(entry[0]) not in live:
+        self.copy_back(entry[1], entry[2])
+      else:
+        keep.append(entry)
+    self.pending = keep
+
+  def step(self):
+    if self.pending:
+      self.apply_pending(_sys._getframe(1))
+
+  def check(self):
+    self.checks += 1
+
+  def counted(self, fn):
+    self.checks += 1
+    return fn
+
   def remote_exception(self, reply):
     names = reply[1] if len(reply) > 1 and type(reply[1]) is list else []
     message = reply[2] if len(reply) > 2 and type(reply[2]) is str else ""
@@ -225,15 +443,7 @@ class _Tester:
     if "Exception" not in names:  # SystemExit, KeyboardInterrupt, GeneratorExit: the solution quit
       self.gone = f"the solution raised {name} during a test"
       return _Gone(self.gone)
-    builtin = lambda n: getattr(_builtins, n, None) if type(n) is str else None  # noqa: E731
-    base = next((builtin(n) for n in names if isinstance(builtin(n), type) and issubclass(builtin(n), Exception)),
-                Exception)
-    if base.__name__ == name:
-      cls = base
-    else:
-      cls = self.exc_classes.get((name, base))
-      if cls is None:
-        cls = self.exc_classes[(name, base)] = type(name if name.isidentifier() else "SolutionError", (base,), {})
+    cls = self.exception_class(names)
     try:
       exc = cls(message)
     except Exception:  # pylint: disable=broad-except
@@ -250,23 +460,26 @@ class _Tester:
     return False
 
   def global_value(self, name):
+    """The solution's global `name` as the test sees it (data, a handle, T's module or exception class)."""
     reply = self.request(["global", name])
     if reply[0] == "missing":
       return None, False
-    return self.dec(reply[1]), True
+    return self.dec(reply[1], named=True), True
 
 
-def _verdict(out_fd, nonce, outcome, detail=""):
-  line = _json.dumps({"outcome": outcome, "detail": detail[:_DETAIL_CHARS]}, ensure_ascii=True)
-  data = ("\n" + nonce + " " + line + "\n").encode()
-  _os.write(out_fd, data)
+def _verdict(out_fd, key, outcome, detail=""):
+  import hashlib  # pylint: disable=import-outside-toplevel
+  import hmac  # pylint: disable=import-outside-toplevel
+  body = _json.dumps({"outcome": outcome, "detail": detail[:_DETAIL_CHARS]}, ensure_ascii=True)
+  mac = hmac.new(bytes.fromhex(key), body.encode(), hashlib.sha256).hexdigest()
+  _os.write(out_fd, f"\n{_VERDICT_TAG} {mac} {body}\n".encode())
 
 
 def _failure_detail(exc, test_lines):
   """`line N: <source>: Type: message` of where the test failed."""
   line_no, tb = None, exc.__traceback__
   while tb is not None:
-    if tb.tb_frame.f_code.co_filename == "<test>":
+    if tb.tb_frame.f_code.co_filename == _TEST_FILE:
       line_no = tb.tb_lineno
     tb = tb.tb_next
   where = ""
@@ -284,11 +497,15 @@ def _import_problem(exc):
   return ""
 
 
+def _marks(fn):
+  return [m for m in (getattr(fn, "pytestmark", None) or []) if hasattr(m, "name")]
+
+
 def _parametrized_calls(fn):
   """The keyword-argument sets `@pytest.mark.parametrize` marks ask for ([{}] without marks)."""
   calls = [{}]
-  for mark in reversed(getattr(fn, "pytestmark", None) or []):
-    if getattr(mark, "name", "") != "parametrize" or len(getattr(mark, "args", ())) < 2:
+  for mark in reversed(_marks(fn)):
+    if mark.name != "parametrize" or len(getattr(mark, "args", ())) < 2:
       continue
     names, values = mark.args[0], mark.args[1]
     names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
@@ -303,39 +520,108 @@ def _parametrized_calls(fn):
   return calls
 
 
+def _skipped(obj):
+  """Why pytest or unittest would skip this test function or class, or ''."""
+  if getattr(obj, "__unittest_skip__", False):
+    return f"unittest skip: {getattr(obj, '__unittest_skip_why__', '')}"
+  for mark in _marks(obj):
+    args = getattr(mark, "args", ())
+    if mark.name == "skip" or (mark.name == "skipif" and args and not isinstance(args[0], str) and args[0]):
+      return f"pytest.mark.{mark.name}"
+  return ""
+
+
+def _call_fixture(owner, names):
+  """Calls the first fixture of `names` that `owner` (the test's namespace or a test class) defines, with the
+  class or module argument pytest would pass when it takes one."""
+  import inspect  # pylint: disable=import-outside-toplevel
+  for name in names:
+    fn = owner.get(name) if isinstance(owner, dict) else getattr(owner, name, None)
+    if not callable(fn):
+      continue
+    try:
+      takes = [p for p in inspect.signature(fn).parameters.values() if p.default is inspect.Parameter.empty
+               and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+      takes = []
+    fn(*([owner if not isinstance(owner, dict) else None] if takes else []))
+    return
+
+
 def _run_target(tester, ns, target, candidate):
-  """Runs what the test asks: check(candidate), a test function (parametrized), a test class method."""
+  """Runs what the test asks: check(candidate), a test function (parametrized), a test class method, with the
+  fixtures pytest and unittest would call around it."""
   import inspect  # pylint: disable=import-outside-toplevel
   if target == "check":
-    ns["check"](candidate)
-    return
+    _finish(ns["check"](candidate))
+    return 1
   if target == "module":
-    return
+    return 1
   name = target[len("test:"):]
   cls_name, _, method = name.partition(".")
-  if method:
-    cls = ns[cls_name]
-    if not isinstance(cls, type):
-      raise TypeError(f"{cls_name} is not a class")
+  if not method:
+    fn = ns[name]
+    if _skipped(fn):
+      raise _Malformed(f"the test is skipped ({_skipped(fn)})")
+    _call_fixture(ns, ("setup_module", "setUpModule"))
     try:
-      inst = cls(method) if _is_unittest(cls) else cls()
-    except TypeError as e:
-      tester.unsupported = f"cannot instantiate test class {cls_name}: {_message(e)}"
-      raise _Unsupported(tester.unsupported) from None
-    fn = getattr(inst, method)
-    for setup in ("setUp", "setup_method"):
-      if callable(getattr(inst, setup, None)):
-        getattr(inst, setup)(*([fn] if setup == "setup_method" else []))
-    _call_test(tester, fn, inspect)
-    for teardown in ("tearDown", "teardown_method"):
-      if callable(getattr(inst, teardown, None)):
-        getattr(inst, teardown)(*([fn] if teardown == "teardown_method" else []))
-    return
-  _call_test(tester, ns[name], inspect)
+      _call_fixture(ns, ("setup_function",))
+      try:
+        return _call_test(tester, fn, inspect)
+      finally:
+        _call_fixture(ns, ("teardown_function",))
+    finally:
+      _call_fixture(ns, ("teardown_module", "tearDownModule"))
+  cls = ns[cls_name]
+  if not isinstance(cls, type):
+    raise TypeError(f"{cls_name} is not a class")
+  unittest_case = _is_unittest(cls)
+  try:
+    inst = cls(method) if unittest_case else cls()
+  except TypeError as e:
+    tester.unsupported = f"cannot instantiate test class {cls_name}: {_message(e)}"
+    raise _Unsupported(tester.unsupported) from None
+  fn = getattr(inst, method)
+  why = _skipped(cls) or _skipped(fn)
+  if why:
+    raise _Malformed(f"the test is skipped ({why})")
+  _call_fixture(ns, ("setup_module", "setUpModule"))
+  try:
+    _call_fixture(cls, ("setUpClass", "setup_class"))
+    try:
+      for setup in ("setUp", "setup_method"):
+        if callable(getattr(inst, setup, None)):
+          getattr(inst, setup)(*([fn] if setup == "setup_method" else []))
+      try:
+        runs = _call_test(tester, fn, inspect)
+      finally:
+        for teardown in ("tearDown", "teardown_method"):
+          if callable(getattr(inst, teardown, None)):
+            getattr(inst, teardown)(*([fn] if teardown == "teardown_method" else []))
+        if unittest_case:
+          inst.doCleanups()
+    finally:
+      _call_fixture(cls, ("tearDownClass", "teardown_class"))
+  finally:
+    _call_fixture(ns, ("teardown_module", "tearDownModule"))
+  return runs
 
 
 def _is_unittest(cls):
   return any(c.__module__ == "unittest.case" and c.__name__ == "TestCase" for c in cls.__mro__)
+
+
+def _finish(result):
+  """Runs what a test function returned when that is a coroutine (awaited) or a generator (iterated, calling
+  what it yields nose-style): pytest plugins and older pytest did; skipping them would skip their checks."""
+  import inspect  # pylint: disable=import-outside-toplevel
+  if inspect.iscoroutine(result):
+    import asyncio  # pylint: disable=import-outside-toplevel
+    asyncio.run(result)
+  elif inspect.isgenerator(result):
+    for item in result:
+      if isinstance(item, tuple) and item and callable(item[0]):
+        item[0](*item[1:])
 
 
 def _call_test(tester, fn, inspect):
@@ -351,10 +637,11 @@ def _call_test(tester, fn, inspect):
     if missing:
       tester.unsupported = f"the test function needs pytest fixtures the harness does not provide: {missing}"
       raise _Unsupported(tester.unsupported)
-    fn(**kwargs)
+    _finish(fn(**kwargs))
+  return len(calls)
 
 
-def _main(solution, prefix):
+def _main(solution, prefix, script=True):
   """The program: T (this process) forks S, reads the test, runs it, writes the verdict."""
   out_fd = _os.dup(1)  # the verdict goes out on T's own copy of stdout, whatever the test does with fd 1
   for name in _CATCHABLE:
@@ -364,33 +651,40 @@ def _main(solution, prefix):
       except (OSError, ValueError):
         pass
   _prctl(4, 0)  # PR_SET_DUMPABLE 0: S (same uid) cannot read T's memory or descriptors; inherited by S
-  pid, req_w, rep_r = _start_solution(solution, prefix)
-  nonce = ""
+  pid, req_w, rep_r = _start_solution(solution, prefix, script)
+  key = ""
   try:
     spec = _json.loads(_sys.stdin.buffer.read())
-    nonce = spec["nonce"]
+    key = spec["key"]
+    bytes.fromhex(key)
     test, target, entry = spec["test"], spec["target"], spec.get("entry_point") or ""
     free_names = list(spec.get("free_names") or [])
-    code = compile(test, "<test>", "exec")
+    import ast  # pylint: disable=import-outside-toplevel
+    tree = ast.parse(test, _TEST_FILE)
+    expected = sum(_is_check_stmt(s, ast) for s in _target_body(tree, target, ast))
+    star = _star_imports_solution(tree, ast)
+    code = compile(_instrument(tree, ast), _TEST_FILE, "exec")
   except BaseException as e:  # pylint: disable=broad-except
     _os.kill(pid, _signal.SIGKILL)
-    if nonce:
-      _verdict(out_fd, nonce, "harness_error", f"cannot read the test: {type(e).__name__}: {_message(e)}")
+    if key:
+      _verdict(out_fd, key, "harness_error", f"cannot read the test: {type(e).__name__}: {_message(e)}")
     _os._exit(0)
-  outcome, detail = _run(req_w, rep_r, prefix, test, code, target, entry, free_names)
+  outcome, detail = _run(req_w, rep_r, prefix, test, code, target, entry, free_names, expected, star)
   try:
     _os.kill(pid, _signal.SIGKILL)
   except OSError:
     pass
-  _verdict(out_fd, nonce, outcome, detail)
+  _verdict(out_fd, key, outcome, detail)
   _os._exit(0)
 
 
-def _run(req_w, rep_r, prefix, test, code, target, entry, free_names):
+def _run(req_w, rep_r, prefix, test, code, target, entry, free_names, expected, star):
   """(outcome, detail) of one test."""
   tester = _Tester(req_w, rep_r)
   test_lines = test.split("\n")
-  ns = {"__name__": "__agentrl_test__", "__builtins__": _builtins}
+  # Script-style tests (HumanEval's check, MBPP's asserts) run as the script they are appended to; pytest files
+  # are imported modules.
+  ns = {"__name__": "__agentrl_test__" if target.startswith("test:") else "__main__", "__builtins__": _builtins}
   try:
     if prefix:
       exec(compile(prefix, "<prefix>", "exec"), ns)  # pylint: disable=exec-used
@@ -398,6 +692,8 @@ def _run(req_w, rep_r, prefix, test, code, target, entry, free_names):
     return "malformed", f"the test's import prefix fails: {type(e).__name__}: {_message(e)}"
   if entry:
     ns.pop(entry, None)  # a stub of the entry point in the prefix (a prompt) must not shadow the solution's
+  trusted = set(ns)
+  ns.update(__agentrl_step__=tester.step, __agentrl_check__=tester.check, __agentrl_counted__=tester.counted)
   try:
     first = _recv(rep_r)
   except BaseException as e:  # pylint: disable=broad-except
@@ -412,25 +708,27 @@ def _run(req_w, rep_r, prefix, test, code, target, entry, free_names):
     return "fail", f"the solution raised {names[0] if names else '?'} while loading: {msg}"[:_DETAIL_CHARS]
   available = set(n for n in first[1] if type(n) is str) if len(first) > 1 and type(first[1]) is list else set()
   tester.names = sorted(available)
+  runs = 1
   try:
-    _install_solution_module(tester, available)
-    for name in free_names:
-      if name in available and name not in ns:
-        value, found = tester.global_value(name)
-        if found:
-          ns[name] = value
+    _install_solution_module(tester, available, trusted | set(dir(_builtins)) - {entry})
+    bound_values = _free_names(tester, ns, free_names, available, entry, star)
     candidate = None
     if entry:
       candidate, found = tester.global_value(entry) if entry in available else (None, False)
       if not found:
         candidate = _missing(entry)
+    # Fetching a function is not using it; a value of the solution's the test reads (a list it loops over) is.
+    tester.consulted = bound_values
     exec(code, ns)  # pylint: disable=exec-used
-    _run_target(tester, ns, target, candidate)
+    runs = _run_target(tester, ns, target, candidate)
+    tester.apply_pending(None)
   except BaseException as e:  # pylint: disable=broad-except
     if tester.gone:
       return "fail", tester.gone
     if tester.unsupported:
       return "unsupported", tester.unsupported
+    if isinstance(e, _Malformed):
+      return "malformed", _message(e)
     problem = "" if tester.from_remote(e) else _import_problem(e)
     if problem:
       return "malformed", problem
@@ -439,6 +737,11 @@ def _run(req_w, rep_r, prefix, test, code, target, entry, free_names):
     return "fail", tester.gone
   if tester.unsupported:
     return "unsupported", tester.unsupported
+  want = max(1, expected * runs)
+  if tester.checks == 0 and not tester.consulted:
+    return "malformed", "the test ran no check (and never used the solution)"
+  if tester.checks < want:
+    return "fail", f"{tester.checks} checks ran, the test holds {want} (what the solution returned cut it short)"
   return "pass", ""
 
 
@@ -449,12 +752,42 @@ def _missing(name):
   return missing
 
 
-def _install_solution_module(tester, available):
-  """`import solution` / `from solution import f`: a module whose attributes are the solution's globals."""
+def _free_names(tester, ns, names, available, entry, star):
+  """Binds the names the test reads but never defines: the solution's module by T's own import, the solution's
+  other globals as handles or data; a stdlib module the solution did not import, T's. With an entry point
+  named (and no star import asking for everything), a non-module helper only the solution could supply makes
+  the test malformed: a solution would define the very function the test checks against."""
+  import sys  # pylint: disable=import-outside-toplevel
+  bound_values = False
+  for name in names:
+    if name in ns:
+      continue
+    if name in available:
+      value, found = tester.global_value(name)
+      if found:
+        own = isinstance(value, type(_os)) or (isinstance(value, type) and issubclass(value, BaseException))
+        if entry and name != entry and not star and not own:
+          raise _Malformed(f"the test uses {name!r}, which neither the test nor its import prefix defines "
+                           f"(a helper of the prompt: pass it in the suite's import_prefix)")
+        ns[name] = value
+        bound_values |= not own
+        continue
+    if name in sys.stdlib_module_names:
+      import importlib  # pylint: disable=import-outside-toplevel
+      try:
+        ns[name] = importlib.import_module(name)
+      except ImportError:
+        pass
+  return bound_values
+
+
+def _install_solution_module(tester, available, not_starred):
+  """`import solution` / `from solution import f`: a module whose attributes are the solution's globals. A star
+  import brings the public names that are neither builtins nor the trusted prefix's (so a solution's `abs` or
+  `isinstance` cannot replace what the test's own expressions use)."""
   import types  # pylint: disable=import-outside-toplevel
   module = types.ModuleType("solution")
-  public = sorted(n for n in available if not n.startswith("_"))
-  module.__all__ = public
+  module.__all__ = sorted(n for n in available if not n.startswith("_") and n not in not_starred)
 
   def getattr_(name):
     if name in available:

@@ -414,16 +414,19 @@ class LocalExecutor(PoolExecutor):
     self._workers = workers
     return None
 
-  def _run_call(self, code: str, stdin: str, on_start: Callable[[dict], None] | None = None) -> ExecResult:
+  def _run_call(self, code: str, stdin: str, on_start: Callable[[dict], None] | None = None,
+                output_limit_bytes: int | None = None) -> ExecResult:
+    cfg = self.cfg if output_limit_bytes is None else dataclasses.replace(
+        self.cfg, max_output_bytes=output_limit_bytes, output_limit_bytes=output_limit_bytes)
     if self._workers is not None:
       try:
-        return self._workers.run(code, stdin, on_start=on_start)
+        return self._workers.run(code, stdin, cfg=cfg, on_start=on_start)
       except sandbox_worker.WorkerError as e:
         if not self._warned_worker:
           self._warned_worker = True
           logger.warning("local code executor: a sandbox worker did not start (%s); running this call (and "
                          "others that hit this) in a sandbox of its own", e)
-    return _run(self._plan, self.cfg, code, stdin, on_start)
+    return _run(self._plan, cfg, code, stdin, on_start)
 
   def run(self, code: str, *, stdin: str = "", on_start: Callable[[dict], None] | None = None) -> ExecResult:
     """Runs one program on a pool thread and waits for it.
@@ -440,7 +443,7 @@ class LocalExecutor(PoolExecutor):
     with self._lock:
       if self._closed:
         raise RuntimeError("executor is closed")
-      future = self._pool.submit(self._guarded, code, stdin, on_start)
+      future = self._pool.submit(self._guarded, code, stdin, on_start=on_start)
     return future.result()
 
   def zygote_pids(self) -> list[int]:
