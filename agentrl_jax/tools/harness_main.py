@@ -297,7 +297,7 @@ class _Tester:
       raise _Gone(self.gone)
     if self.pending:  # the solution sees its own changes
       self.apply_pending(None)
-    self.consulted = True
+    self.consulted |= msg[0] != "global"
     try:
       _send(self.req_w, msg)
       reply = _recv(self.rep_r)
@@ -464,7 +464,10 @@ class _Tester:
     reply = self.request(["global", name])
     if reply[0] == "missing":
       return None, False
-    return self.dec(reply[1], named=True), True
+    value = self.dec(reply[1], named=True)
+    # A function or class is not used until called; a value (a list the test loops over) is used on reading.
+    self.consulted |= not (type(value) is self.Remote or isinstance(value, (type, type(_os))))
+    return value, True
 
 
 def _verdict(out_fd, key, outcome, detail=""):
@@ -710,15 +713,13 @@ def _run(req_w, rep_r, prefix, test, code, target, entry, free_names, expected, 
   tester.names = sorted(available)
   runs = 1
   try:
-    _install_solution_module(tester, available, trusted | set(dir(_builtins)) - {entry})
-    bound_values = _free_names(tester, ns, free_names, available, entry, star)
+    _install_solution_module(tester, available, trusted | set(dir(_builtins)) - {entry}, entry)
+    _free_names(tester, ns, free_names, available, entry, star)
     candidate = None
     if entry:
       candidate, found = tester.global_value(entry) if entry in available else (None, False)
       if not found:
         candidate = _missing(entry)
-    # Fetching a function is not using it; a value of the solution's the test reads (a list it loops over) is.
-    tester.consulted = bound_values
     exec(code, ns)  # pylint: disable=exec-used
     runs = _run_target(tester, ns, target, candidate)
     tester.apply_pending(None)
@@ -752,44 +753,55 @@ def _missing(name):
   return missing
 
 
+# Names tests use for modules they expect the solution to have imported (MBPP's `math`, `np`).
+_ALIASES = {"np": "numpy", "pd": "pandas", "sp": "scipy", "nx": "networkx", "plt": "matplotlib.pyplot"}
+
+
+def _own_module(name):
+  """T's own import of the standard-library module (or common alias) `name`, or None."""
+  if name not in _sys.stdlib_module_names and name not in _ALIASES:
+    return None
+  import importlib  # pylint: disable=import-outside-toplevel
+  try:
+    return importlib.import_module(_ALIASES.get(name, name))
+  except ImportError:
+    return None
+
+
 def _free_names(tester, ns, names, available, entry, star):
-  """Binds the names the test reads but never defines: the solution's module by T's own import, the solution's
-  other globals as handles or data; a stdlib module the solution did not import, T's. With an entry point
-  named (and no star import asking for everything), a non-module helper only the solution could supply makes
-  the test malformed: a solution would define the very function the test checks against."""
-  import sys  # pylint: disable=import-outside-toplevel
-  bound_values = False
+  """Binds the names the test reads but never defines: a standard-library module (or `np`...) by T's own
+  import, whatever the solution bound to that name; else the solution's global. With an entry point named
+  (and no star import asking for everything), any other such name is a helper only the solution could supply:
+  the test is malformed (a solution would define the very function the test checks against)."""
   for name in names:
     if name in ns:
       continue
+    own = _own_module(name) if name != entry else None
+    if own is not None:
+      ns[name] = own
+      continue
+    if entry and name != entry and not star:
+      raise _Malformed(f"the test uses {name!r}, which neither the test nor its import prefix defines "
+                       f"(a helper of the prompt: pass it in the suite's import_prefix)")
     if name in available:
       value, found = tester.global_value(name)
       if found:
-        own = isinstance(value, type(_os)) or (isinstance(value, type) and issubclass(value, BaseException))
-        if entry and name != entry and not star and not own:
-          raise _Malformed(f"the test uses {name!r}, which neither the test nor its import prefix defines "
-                           f"(a helper of the prompt: pass it in the suite's import_prefix)")
         ns[name] = value
-        bound_values |= not own
-        continue
-    if name in sys.stdlib_module_names:
-      import importlib  # pylint: disable=import-outside-toplevel
-      try:
-        ns[name] = importlib.import_module(name)
-      except ImportError:
-        pass
-  return bound_values
 
 
-def _install_solution_module(tester, available, not_starred):
+def _install_solution_module(tester, available, not_starred, entry):
   """`import solution` / `from solution import f`: a module whose attributes are the solution's globals. A star
   import brings the public names that are neither builtins nor the trusted prefix's (so a solution's `abs` or
-  `isinstance` cannot replace what the test's own expressions use)."""
+  `isinstance` cannot replace what the test's own expressions use); a standard-library module's name is T's
+  own module."""
   import types  # pylint: disable=import-outside-toplevel
   module = types.ModuleType("solution")
   module.__all__ = sorted(n for n in available if not n.startswith("_") and n not in not_starred)
 
   def getattr_(name):
+    own = _own_module(name) if name != entry else None
+    if own is not None:
+      return own
     if name in available:
       value, found = tester.global_value(name)
       if found:

@@ -11,8 +11,9 @@ parent-death signal, CHILD_ENV only. Shared by the programs of one worker, one a
 Supervision stays on the host as in per-call mode: the host creates the output pipes and the code/stdin memfds,
 passes them over a unix socket (SCM_RIGHTS), reads a bounded head and tail while the program runs, and on a
 wall-clock timeout or the output limit tells the zygote to kill. A worker that dies or stops answering is
-killed and replaced; a call it had not started yet is retried once on a fresh worker, one it had returns
-`sandbox_error` (or `timeout`). Nothing here raises for anything a program does.
+killed and replaced; a call it had not started yet (gone, or hung for the call's whole timeout) is retried once
+on a fresh worker, one it had returns `sandbox_error` (or `timeout`), which the executor keeps only if a probe
+program fails too (`base.PoolExecutor`). Nothing here raises for anything a program does.
 
 This module also holds the process helpers both modes use (`Capture`, `memfd`, `terminate`, `parse_status`).
 """
@@ -279,8 +280,8 @@ class _Worker:
     stdout, stderr = call.out.text(), call.err.text()
     if timed_out and not call.started:
       self.healthy = False
-      return ExecResult("sandbox_error", stdout, with_note(stderr, "the sandbox worker did not start the program in "
-                                                           f"{cfg.timeout_s:g} s; it was replaced"), None, wall)
+      logger.warning("a sandbox worker did not start a program in %g s; it is replaced", cfg.timeout_s)
+      return None  # the program never ran: the pool runs it on a fresh worker
     limited = limit_result(cfg, stdout, stderr, wall, timed_out=timed_out, too_much=too_much)
     if limited is not None:
       return limited

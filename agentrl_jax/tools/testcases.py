@@ -324,13 +324,20 @@ def _functional_ok(result: ExecResult, nonce: str, expected: Any) -> bool:
                                          and values_match(got, expected[0]))
 
 
+def _json_size(value: Any) -> int:
+  try:
+    return len(json.dumps(value, default=repr))
+  except (ValueError, TypeError, RecursionError):  # an int beyond the interpreter's str() limit, say
+    return 0
+
+
 def output_cap(suite: TestSuite) -> int:
   """Bytes of a test run's output kept whole (the program is killed beyond): `OUTPUT_CAP_BYTES`, or 4x the
   largest expected output where that is more."""
   if suite.kind == "stdin":
     largest = max((len(str(o).encode("utf-8", "surrogatepass")) for o in suite.outputs), default=0)
   elif suite.kind == "functional":
-    largest = max((len(json.dumps(o, default=repr)) for o in suite.outputs), default=0)
+    largest = max((_json_size(o) for o in suite.outputs), default=0)
   else:
     largest = 0
   return max(OUTPUT_CAP_BYTES, 4 * largest)

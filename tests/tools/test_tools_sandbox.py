@@ -214,10 +214,32 @@ def test_pool_turns_backend_crash_into_sandbox_error():
   with base.PoolExecutor(broken, 2, "test") as executor:
     result = executor.submit("print(1)").result()
   assert result.status == "sandbox_error" and "backend exploded" in result.stderr
+
   with pytest.raises(RuntimeError, match="closed"):
     executor.submit("print(1)")
   with pytest.raises(ValueError, match="stdins"):
     base.PoolExecutor(broken, 1, "t").run_batch(["a"], ["x", "y"])
+
+
+def test_a_failure_the_program_provoked_is_not_an_infrastructure_failure():
+  """A host-side exception or a `sandbox_error` while the infrastructure still runs a probe program is the
+  program's failure; only when the probe fails too is it `sandbox_error`."""
+  calls = []
+
+  def fragile(code, stdin):
+    calls.append(code)
+    if code == base.PROBE_CODE:
+      return ExecResult("ok", base.PROBE_STDOUT, exit_code=0)
+    if "boom" in code:
+      raise RecursionError("maximum recursion depth exceeded while decoding its output")
+    return ExecResult("sandbox_error", stderr="[sandbox] the sandbox worker died while the program ran")
+
+  with base.PoolExecutor(fragile, 2, "test") as executor:
+    raised = executor.submit("boom").result()
+    died = executor.submit("print(1)").result()
+  assert raised.status == "error" and "RecursionError" in raised.stderr and "probe" in raised.stderr
+  assert died.status == "killed" and "worker died" in died.stderr
+  assert calls.count(base.PROBE_CODE) == 2
 
 
 # ------------------------------------------------------------------------------------------ no bubblewrap

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from agentrl_jax import rewards
-from agentrl_jax.tools import executors, sandbox, sandbox_fusion
+from agentrl_jax.tools import base, executors, sandbox, sandbox_fusion
 from agentrl_jax.tools.base import ToolConfig
 from tests.tools.sandbox_testing import needs_bwrap
 
@@ -280,7 +280,10 @@ def test_recorded_responses_map_to_results(recorded):
   assert runner_error.status == "sandbox_error" and "Too many open files" in runner_error.stderr
   assert results["pass"].status == "sandbox_error" and "runner crashed" in results["pass"].stderr
 
-  assert len(recorded.requests) == len(programs)  # one request each: nothing here is retried
+  # One request each: nothing here is retried. The two server failures were each followed by a probe program,
+  # which this server does not answer either: the infrastructure is broken, so they stay sandbox_error.
+  probes = [body for body, _ in recorded.requests if body["code"] == base.PROBE_CODE]
+  assert len(recorded.requests) - len(probes) == len(programs) and 1 <= len(probes) <= 2
   for body, content_type in recorded.requests:
     assert content_type == "application/json"
     assert set(body) <= _RUN_CODE_REQUEST_FIELDS and {"code", "language"} <= set(body)

@@ -159,9 +159,9 @@ def test_hung_zygote_is_detected_and_replaced(monkeypatch):
     (zygote,), (bwrap,) = executor.zygote_pids(), worker_bwraps(executor)
     os.kill(zygote, signal.SIGSTOP)
     start = time.monotonic()
-    r = executor.run("print(2)")
-    assert r.status == "sandbox_error" and "did not start the program" in r.stderr, r
-    assert time.monotonic() - start < 1.5 + 3.0
+    r = executor.run("print(2)")  # never started by the hung worker: run again on a fresh one
+    assert (r.status, r.stdout) == ("ok", "2\n"), r
+    assert time.monotonic() - start < 2 * 1.5 + 3.0
     assert not os.path.exists(f"/proc/{zygote}") and bwrap not in bwrap_children()  # killed, not left stopped
     assert executor.run("print(3)").stdout == "3\n"
 
