@@ -18,7 +18,8 @@ is never hit) and bubblewrap; stdout/stderr are read while the program runs, kee
 `LocalExecutor` does this per call with `ToolConfig.local_mode='per_call'`. Its default, 'worker', keeps one
 long-lived sandbox per slot whose pid 1 forks each program, with the same isolation made per program
 (sandbox_worker.py): no bubblewrap and no interpreter start per call, 4-6x faster per call here
-(`python -m agentrl_jax.bench.sandbox`). It needs root; otherwise the executor runs per call and logs why.
+(`python -m agentrl_jax.bench.sandbox`). As root and as a normal user (the zygote then works in a user
+namespace of its own); where no worker starts, the executor runs per call and logs why.
 
 Requires bubblewrap (`apt-get install bubblewrap`; launch/setup.sh does it when root). Without it, calls return
 `sandbox_error` unless `ToolConfig.allow_unsandboxed` is set, which runs programs with rlimits only and warns.
@@ -130,7 +131,7 @@ class _Plan:
   prefix: tuple[str, ...]
   python: str
   bwrap_options: frozenset[str] = frozenset()
-  worker_prefix: tuple[str, ...] = ()  # bwrap-root only: a worker sandbox (sandbox_worker.py)
+  worker_prefix: tuple[str, ...] = ()  # a worker sandbox (sandbox_worker.py); () where there can be none
 
 
 def _plan(cfg: ToolConfig) -> _Plan | str:
@@ -171,6 +172,10 @@ def _plan(cfg: ToolConfig) -> _Plan | str:
         made.add(d)
         args += ["--perms", "0755", "--dir", d]
     args += ["--ro-bind", r, r]
+  # The sandbox's root is bubblewrap's own tmpfs, owned by the program's uid where bubblewrap runs without root:
+  # read-only, or a program could fill the host's memory with files (each below RLIMIT_FSIZE) outside the
+  # size-limited /tmp and /dev/shm.
+  args += ["--remount-ro", "/"]
   args += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
            "--hostname", "sandbox", "--die-with-parent", "--new-session", "--as-pid-1", "--chdir", WORKDIR,
            "--clearenv"]
@@ -184,8 +189,12 @@ def _plan(cfg: ToolConfig) -> _Plan | str:
     # As root bubblewrap keeps every capability unless told; keep only what the launcher needs to drop uid.
     args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     return _Plan("bwrap-root", tuple(args), python, opts, tuple(worker))
-  args += ["--unshare-user"] + (["--disable-userns"] if "--disable-userns" in opts else [])
-  return _Plan("bwrap-userns", tuple(args), python, opts)
+  args += ["--unshare-user"]
+  # A worker's zygote makes a user namespace of its own and then closes that door to its programs itself
+  # (sandbox_zygote.py); a per-call program has bubblewrap close it.
+  worker = [a for a in args if a != "--die-with-parent"]
+  args += ["--disable-userns"] if "--disable-userns" in opts else []
+  return _Plan("bwrap-userns", tuple(args), python, opts, tuple(worker))
 
 
 def run_python(code: str, *, timeout_s: float, memory_mb: int, stdin: str = "", cfg: ToolConfig | None = None,
@@ -361,7 +370,7 @@ class LocalExecutor(PoolExecutor):
   """`Executor` running each program in its own sandbox, `cfg.concurrency` at a time.
 
   `cfg.local_mode='worker'` (default): one worker sandbox per slot forks each program (sandbox_worker.py); when
-  that is not possible here (not root, or a worker does not start), it logs why and runs per call instead.
+  that is not possible here (no bubblewrap, or a worker does not start), it logs why and runs per call instead.
   `local_mode` says which is in use: 'worker' or 'per_call'; `worker_unavailable` why worker mode is off.
   """
 
@@ -379,8 +388,8 @@ class LocalExecutor(PoolExecutor):
     self.worker_unavailable: str | None = None
     if cfg.local_mode == "worker":
       why = self.worker_unavailable = self._start_workers()
-      if why is not None:  # info when expected (not root), a warning when a worker failed
-        logger.log(logging.INFO if self._plan.mode != "bwrap-root" else logging.WARNING,
+      if why is not None:  # info when expected (no bubblewrap), a warning when a worker failed
+        logger.log(logging.INFO if not self._plan.worker_prefix else logging.WARNING,
                    "local code executor: %s; running one sandbox per call instead", why)
     self.local_mode = "worker" if self._workers is not None else "per_call"
     if self._workers is None:
@@ -393,13 +402,14 @@ class LocalExecutor(PoolExecutor):
 
   def _start_workers(self) -> str | None:
     """Starts the worker pool with a trivial program; returns why worker mode is unavailable, or None."""
-    if self._plan.mode != "bwrap-root":
-      return f"worker mode needs root and bubblewrap (the sandbox runs in {self._plan.mode} mode here)"
-    hidden = [r for r in _python_roots(self._plan.python) if r == WORKDIR or r.startswith((WORKDIR + "/", "/dev/shm/"))]
-    if hidden:  # a worker mounts each program's private /tmp over them (per-call sandboxes bind them on top)
-      return (f"the sandbox interpreter lives under {WORKDIR} ({hidden[0]}), which each program's private "
-              f"{WORKDIR} would hide")
-    workers = sandbox_worker.WorkerPool(self._plan.worker_prefix, self._plan.python, self.cfg, self.cfg.concurrency)
+    if not self._plan.worker_prefix:
+      return f"worker mode needs bubblewrap (the sandbox runs in {self._plan.mode} mode here)"
+    # Each program's private /tmp covers these; the zygote binds them back (per-call sandboxes bind them on top).
+    hidden = [r for r in _python_roots(self._plan.python) if r.startswith((WORKDIR + "/", "/dev/shm/"))]
+    if WORKDIR in _python_roots(self._plan.python):
+      return f"the sandbox interpreter lives in {WORKDIR} itself, which each program's private {WORKDIR} replaces"
+    workers = sandbox_worker.WorkerPool(self._plan.worker_prefix, self._plan.python, self.cfg, self.cfg.concurrency,
+                                        root=self._plan.mode == "bwrap-root", roots=hidden)
     probe_cfg = dataclasses.replace(self.cfg, timeout_s=max(self.cfg.timeout_s, 30.0),
                                     memory_mb=max(self.cfg.memory_mb, 256))
     try:

@@ -389,8 +389,12 @@ class WorkerPool:
   killed or its control socket closes (this process exits): its zygote then exits, and the kernel takes
   every process of its namespaces with it."""
 
-  def __init__(self, prefix: tuple[str, ...], python: str, cfg: ToolConfig, size: int):
+  def __init__(self, prefix: tuple[str, ...], python: str, cfg: ToolConfig, size: int, *, root: bool = True,
+               roots: list[str] | tuple[str, ...] = ()):
+    """`root`: programs run as random uids (else as the user's own); `roots`: the interpreter's directories
+    under /tmp or /dev/shm, bound back over each program's private tmpfs."""
     self._prefix, self._python, self.cfg, self._size = prefix, python, cfg, size
+    self._root, self._roots = root, tuple(roots)
     self._idle: list[_Worker] = []
     self._count = 0
     self._cv = threading.Condition()
@@ -410,7 +414,9 @@ class WorkerPool:
     stdin_b = stdin.encode("utf-8", errors="surrogatepass")
     tmpfs = cfg.max_file_mb << 20
     for _ in range(2):
-      job = " ".join(map(str, ["run", random_uid(), *limits(cfg), tmpfs])).encode()
+      uid = random_uid() if self._root else -1
+      job = b"\0".join([" ".join(map(str, ["run", uid, *limits(cfg), tmpfs])).encode(),
+                         *(os.fsencode(r) for r in self._roots)])
       worker = self._acquire()
       try:
         result = worker.run(code_b, stdin_b, job, cfg, start, time.monotonic() + cfg.timeout_s, on_start)

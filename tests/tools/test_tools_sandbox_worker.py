@@ -4,6 +4,7 @@ worker, and a worker that dies or hangs is replaced; plus the fallback to per-ca
 from __future__ import annotations
 
 import ast
+import dataclasses
 import logging
 import os
 import signal
@@ -27,7 +28,7 @@ def worker_executor(**cfg) -> sandbox.LocalExecutor:
   executor = sandbox.LocalExecutor(ToolConfig(**{**CFG, "max_concurrency": 1, **cfg}))
   if executor.local_mode != "worker":
     executor.close()
-    pytest.skip("worker mode is not available here (needs root)")
+    pytest.skip("worker mode is not available here")
   return executor
 
 
@@ -108,7 +109,9 @@ def test_calls_on_one_worker_leave_nothing_to_the_next(one):
   look = ("import os\nprint(sorted(os.listdir('/tmp')), sorted(os.listdir('/dev/shm')))\n"
           "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
   r = one.run(look)
-  assert r.stdout == "['main.py'] []\n[1]\n", r
+  # A checkout under /tmp has its interpreter's directories bound back there (read-only).
+  bound = sorted({r.split("/")[2] for r in sandbox._python_roots(sys.executable) if r.startswith("/tmp/")})
+  assert r.stdout == f"{sorted(['main.py', *bound])} []\n[1]\n", r
   assert one.zygote_pids() == zygotes  # all on the same worker
 
 
@@ -125,8 +128,11 @@ def test_each_call_is_pid_1_alone_with_its_own_uid_and_no_capabilities(one):
     assert (pid, uid, alone) == ("1", gid, "True")
     uids.add(int(uid))
     assert r.stdout.split("\n")[1] == str(["0000000000000000"] * 5 + ["1"])  # Cap{Amb,Bnd,Eff,Inh,Prm}, NoNewPrivs
-  assert len(uids) == 4 and all(sandbox_worker.UID_BASE <= u < sandbox_worker.UID_BASE + sandbox_worker.UID_SPAN
-                                for u in uids)
+  if os.geteuid() == 0:  # a random uid per call
+    assert len(uids) == 4 and all(sandbox_worker.UID_BASE <= u < sandbox_worker.UID_BASE + sandbox_worker.UID_SPAN
+                                  for u in uids)
+  else:  # a normal user has one uid to run programs as: their own (as per call)
+    assert uids == {os.getuid()}
 
 
 def test_ipc_objects_do_not_survive_a_call(one):
@@ -194,13 +200,7 @@ def test_two_slots_run_concurrently_and_close_leaves_no_process():
   executor.close()  # idempotent
 
 
-def _interpreter_under_tmp() -> bool:
-  return any(r.startswith("/tmp/") for r in sandbox._python_roots(sys.executable))
-
-
 def test_falls_back_to_per_call_with_one_log_line(monkeypatch, caplog, tmp_path):
-  if _interpreter_under_tmp():
-    pytest.skip("this checkout lives under /tmp: worker mode is off for that reason before any zygote starts")
   broken = tmp_path / "zygote.py"
   broken.write_text("import sys\nprint('zygote exploded', file=sys.stderr)\nsys.exit(3)\n")
   monkeypatch.setattr(sandbox_worker, "_ZYGOTE", str(broken))
@@ -212,34 +212,42 @@ def test_falls_back_to_per_call_with_one_log_line(monkeypatch, caplog, tmp_path)
   assert len(lines) == 1 and "zygote exploded" in lines[0], caplog.text
 
 
-def test_not_root_means_per_call(monkeypatch, caplog):
+def test_no_worker_sandbox_means_per_call(monkeypatch, caplog):
   real = sandbox._plan
-
-  def userns_plan(cfg):  # what _plan returns without root (the prefix stays root's, so the probe runs here)
-    plan = real(cfg)
-    return sandbox._Plan("bwrap-userns", plan.prefix, plan.python, plan.bwrap_options)
-
-  monkeypatch.setattr(sandbox, "_plan", userns_plan)
+  monkeypatch.setattr(sandbox, "_plan", lambda cfg: dataclasses.replace(real(cfg), worker_prefix=()))
   with caplog.at_level(logging.INFO, logger="agentrl_jax.tools.sandbox"):
     with sandbox.LocalExecutor(ToolConfig(**CFG, max_concurrency=1)) as executor:
       assert executor.local_mode == "per_call" and executor.run("print(6)").stdout == "6\n"
-  assert "worker mode needs root" in caplog.text
+  assert "worker mode needs bubblewrap" in caplog.text
 
 
-def test_an_interpreter_under_tmp_means_per_call(monkeypatch, caplog, tmp_path):
-  """A checkout (and its virtualenv) under /tmp: each worker program's private /tmp would hide the interpreter,
-  so the executor runs one sandbox per call, which binds the interpreter over its private /tmp."""
-  venv = tmp_path / ".venv"
-  venv.mkdir()
-  assert str(venv).startswith("/tmp/")
+def test_worker_mode_as_root_and_as_a_normal_user():
+  """Both: root programs run as random uids, a normal user's as their own uid in a user namespace the zygote
+  made (tests/tools/test_tools_as_normal_user.py runs this file as a normal user when the suite runs as root)."""
+  with worker_executor() as executor:
+    r = executor.run("import os\nprint(os.getuid())")
+  assert r.ok and (int(r.stdout) >= sandbox_worker.UID_BASE if os.geteuid() == 0 else int(r.stdout) == os.getuid())
+
+
+@pytest.mark.parametrize("mode", ["per_call", "worker"])
+def test_an_interpreter_under_tmp_stays_visible_read_only(monkeypatch, tmp_path, mode):
+  """A checkout (and its virtualenv) under /tmp: each program's private /tmp would hide the interpreter, so both
+  modes bind its directories back over it, read-only."""
+  root = tmp_path / "venv"
+  root.mkdir()
+  (root / "marker.txt").write_text("seen")
+  assert str(root).startswith("/tmp/")
   real = sandbox._python_roots
-  monkeypatch.setattr(sandbox, "_python_roots", lambda python: [*real(python), str(venv)])
-  with caplog.at_level(logging.INFO, logger="agentrl_jax.tools.sandbox"):
-    with sandbox.LocalExecutor(ToolConfig(**CFG, max_concurrency=1)) as executor:
-      assert executor.local_mode == "per_call" and executor.run("print(8)").stdout == "8\n"
-  # Names the first hidden root: ours, or this checkout's own virtualenv when it lives under /tmp too.
-  assert f"lives under /tmp ({venv})" in caplog.text or _interpreter_under_tmp()
-  assert "lives under /tmp (" in caplog.text
+  monkeypatch.setattr(sandbox, "_python_roots", lambda python: [*real(python), str(root)])
+  code = (f"import os\nprint(open('{root}/marker.txt').read())\ntry:\n  open('{root}/new', 'w')\n"
+          f"except OSError as e:\n  print(os.strerror(e.errno))\nopen('/tmp/mine', 'w').write('x')\n"
+          f"print(sorted(os.listdir('/tmp/')))")
+  with sandbox.LocalExecutor(ToolConfig(**CFG, max_concurrency=1, local_mode=mode)) as executor:
+    assert executor.local_mode == mode
+    r = executor.run(code)
+  top = str(root).split("/")[2]
+  assert r.stdout.split("\n")[:2] == ["seen", "Read-only file system"], r
+  assert top in r.stdout.split("\n")[2] and "'mine'" in r.stdout.split("\n")[2], r
 
 
 def test_per_call_mode_is_selectable_and_worker_is_the_default():
