@@ -84,6 +84,32 @@ found.append(repr(dict(os.environ)).encode())
 blob = b''.join(found)
 """
 
+# Where the sandbox runs as the host's own uid (a normal user), stdout's pipe can be reopened for reading: a
+# daemon of the solution's races the host for the tester's verdict line and writes a pass of its own.
+_RACE = """
+import os, re, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        try:
+            fd = os.open('/proc/self/fd/1', os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            os._exit(0)
+        buf, deadline = b'', time.time() + 8
+        while time.time() < deadline:
+            try:
+                buf += os.read(fd, 65536)
+            except BlockingIOError:
+                time.sleep(0.0005)
+            for line in re.findall(rb'agentrl-verdict[^\\n]*', buf):
+                forged = line.replace(b'"fail"', b'"pass"')
+                for _ in range(3):
+                    os.write(1, b'\\n' + forged + b'\\n')
+                os._exit(0)
+        os._exit(0)
+    os._exit(0)
+"""
+
 ATTACKS = {
     # ---- exits before, after or instead of the checks
     "assert/os._exit at import": ("assert", "import os\nos._exit(0)\n"),
@@ -143,6 +169,7 @@ ATTACKS = {
     "assert/steal the nonce from /proc, stdin, files, environ": ("assert", _STEAL + (
         "import re\nfor n in set(re.findall(rb'agentrl-verdict-[0-9a-f]{32}', blob)):\n"
         "    os.write(1, b'\\n' + n + b' {\"outcome\": \"pass\", \"detail\": \"\"}\\n')\n" + WRONG)),
+    "assert/a grandchild reads the verdict off /proc/self/fd/1 and forges a pass": ("assert", _RACE + WRONG),
     "assert/ptrace the tester": ("assert", WRONG + (
         "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
         "assert libc.ptrace(16, 1, 0, 0) != 0  # PTRACE_ATTACH is refused: the tester is not dumpable\n")),
