@@ -41,7 +41,7 @@ import time
 import warnings
 from collections.abc import Callable
 
-from agentrl_jax.tools import sandbox_worker
+from agentrl_jax.tools import sandbox_memory, sandbox_worker
 from agentrl_jax.tools.base import ExecResult, PoolExecutor, ToolConfig, classify_exit, limit_result, with_note
 from agentrl_jax.tools.sandbox_worker import MAIN
 
@@ -225,7 +225,30 @@ def run_python(code: str, *, timeout_s: float, memory_mb: int, stdin: str = "", 
   return _run(plan, cfg, code, stdin, on_start)
 
 
+def _memory_group(plan: _Plan, cfg: ToolConfig) -> sandbox_memory.Cgroup | None:
+  """A cgroup capping the whole sandbox at `cfg.memory_mb` (None where cgroups are not available)."""
+  base = sandbox_memory.cgroup_base()
+  if plan.mode == "unsandboxed" or isinstance(base, str):
+    return None
+  try:
+    return base.create(cfg.memory_mb << 20)
+  except OSError as e:
+    logger.warning("sandbox: no memory cgroup for this call (%s); the limit is per process only", e)
+    return None
+
+
 def _run(plan: _Plan, cfg: ToolConfig, code: str, stdin: str, on_start: Callable[[dict], None] | None) -> ExecResult:
+  group = _memory_group(plan, cfg)
+  try:
+    result = _run_in(plan, cfg, code, stdin, on_start, group)
+    return sandbox_memory.after_oom(result, group.oom_kills(), cfg.memory_mb << 20) if group else result
+  finally:
+    if group is not None:
+      group.remove()
+
+
+def _run_in(plan: _Plan, cfg: ToolConfig, code: str, stdin: str, on_start: Callable[[dict], None] | None,
+            group: sandbox_memory.Cgroup | None) -> ExecResult:
   start = time.monotonic()
   deadline = start + cfg.timeout_s
   uid = sandbox_worker.random_uid() if plan.mode == "bwrap-root" else -1
@@ -255,6 +278,8 @@ def _run(plan: _Plan, cfg: ToolConfig, code: str, stdin: str, on_start: Callable
       cmd = [*plan.prefix, "--file", str(code_fd), MAIN, "--json-status-fd", str(status_w), "--",
              plan.python, "-I", "-S", "-c", _LAUNCHER, *limits, "--", plan.python, "-I", "-B", "-u", MAIN]
       popen_kw = {"env": {}, "pass_fds": (code_fd, status_w)}
+      if group is not None:
+        cmd = group.wrap(cmd)
     try:
       proc = subprocess.Popen(cmd, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               start_new_session=True, close_fds=True, **popen_kw)
@@ -408,8 +433,10 @@ class LocalExecutor(PoolExecutor):
     hidden = [r for r in _python_roots(self._plan.python) if r.startswith((WORKDIR + "/", "/dev/shm/"))]
     if WORKDIR in _python_roots(self._plan.python):
       return f"the sandbox interpreter lives in {WORKDIR} itself, which each program's private {WORKDIR} replaces"
+    memory = sandbox_memory.cgroup_base()
     workers = sandbox_worker.WorkerPool(self._plan.worker_prefix, self._plan.python, self.cfg, self.cfg.concurrency,
-                                        root=self._plan.mode == "bwrap-root", roots=hidden)
+                                        root=self._plan.mode == "bwrap-root", roots=hidden,
+                                        memory=None if isinstance(memory, str) else memory)
     probe_cfg = dataclasses.replace(self.cfg, timeout_s=max(self.cfg.timeout_s, 30.0),
                                     memory_mb=max(self.cfg.memory_mb, 256))
     try:

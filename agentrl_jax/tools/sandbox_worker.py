@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from agentrl_jax.tools import sandbox_memory
 from agentrl_jax.tools.base import ExecResult, ToolConfig, classify_exit, limit_result, with_note
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ READ_CHUNK = 65536
 # so RLIMIT_NPROC (counted per uid) of concurrent calls does not add up.
 UID_BASE, UID_SPAN = 1_700_000_000, 1 << 24
 _START_TIMEOUT_S = 30.0  # bubblewrap + interpreter start-up, generous for a loaded machine
+_START_MEMORY = 256 << 20  # a worker's cap while its zygote starts (then: the zygote's own + the program's)
 _KILL_GRACE_S = 5.0  # a killed program's namespace is gone long before this, or the worker is broken
 _ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_zygote.py")
 
@@ -157,11 +159,14 @@ class _Call:
 class _Worker:
   """One worker sandbox and its control socket; one program at a time."""
 
-  def __init__(self, prefix: tuple[str, ...], python: str):
+  def __init__(self, prefix: tuple[str, ...], python: str, memory: sandbox_memory.Base | None = None):
     self.proc: subprocess.Popen | None = None
     self.pidfd: int | None = None
     self.zygote_pid: int | None = None  # host pid of the zygote (bubblewrap's child)
     self.healthy = True
+    # The whole worker's cgroup: its program's cap plus what the idle zygote holds (`baseline`).
+    self.group = memory.create(_START_MEMORY) if memory is not None else None
+    self.baseline = 0
     self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     self.status_r, status_w = os.pipe()
     with open(_ZYGOTE, "rb") as f:
@@ -169,6 +174,8 @@ class _Worker:
     try:
       cmd = [*prefix, "--file", str(src_fd), MAIN, "--json-status-fd", str(status_w), "--", python, "-I", "-B", "-u",
              MAIN]
+      if self.group is not None:
+        cmd = self.group.wrap(cmd)
       self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    env={}, pass_fds=(src_fd, status_w, child.fileno()), start_new_session=True)
     except OSError as e:
@@ -180,6 +187,8 @@ class _Worker:
       child.close()
     try:
       self._handshake()
+      if self.group is not None:
+        self.baseline = self.group.usage()
     except BaseException:
       self.kill()
       raise
@@ -249,6 +258,9 @@ class _Worker:
         except OSError:
           pass
     self.status_r = self.pidfd = None
+    if self.group is not None:
+      self.group.remove()
+      self.group = None
 
   def run(self, code: bytes, stdin: bytes, job: bytes, cfg: ToolConfig, start: float, deadline: float,
           on_start: Callable[[dict], None] | None) -> ExecResult | None:
@@ -256,6 +268,20 @@ class _Worker:
     if not self.alive():
       self.healthy = False
       return None
+    kills = 0
+    if self.group is not None:
+      try:
+        self.group.set_limit(self.baseline + (cfg.memory_mb << 20))
+        kills = self.group.oom_kills()
+      except OSError as e:
+        logger.warning("sandbox worker: memory cap not set (%s)", e)
+    result = self._run(code, stdin, job, cfg, start, deadline, on_start)
+    if result is not None and self.group is not None:
+      result = sandbox_memory.after_oom(result, self.group.oom_kills() - kills, cfg.memory_mb << 20)
+    return result
+
+  def _run(self, code: bytes, stdin: bytes, job: bytes, cfg: ToolConfig, start: float, deadline: float,
+           on_start: Callable[[dict], None] | None) -> ExecResult | None:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
@@ -390,11 +416,12 @@ class WorkerPool:
   every process of its namespaces with it."""
 
   def __init__(self, prefix: tuple[str, ...], python: str, cfg: ToolConfig, size: int, *, root: bool = True,
-               roots: list[str] | tuple[str, ...] = ()):
+               roots: list[str] | tuple[str, ...] = (), memory: sandbox_memory.Base | None = None):
     """`root`: programs run as random uids (else as the user's own); `roots`: the interpreter's directories
-    under /tmp or /dev/shm, bound back over each program's private tmpfs."""
+    under /tmp or /dev/shm, bound back over each program's private tmpfs; `memory`: where each worker's
+    memory cgroup goes (None: the cap is per process only)."""
     self._prefix, self._python, self.cfg, self._size = prefix, python, cfg, size
-    self._root, self._roots = root, tuple(roots)
+    self._root, self._roots, self._memory = root, tuple(roots), memory
     self._idle: list[_Worker] = []
     self._count = 0
     self._cv = threading.Condition()
@@ -449,7 +476,7 @@ class WorkerPool:
       for worker in dead:
         worker.kill()
     try:
-      return _Worker(self._prefix, self._python)
+      return _Worker(self._prefix, self._python, self._memory)
     except BaseException:
       with self._cv:
         self._count -= 1

@@ -11,9 +11,10 @@ import uuid
 
 import pytest
 
-from agentrl_jax.tools import base, executors, sandbox, sandbox_worker
+from agentrl_jax.tools import base, executors, sandbox, sandbox_memory, sandbox_worker
 from agentrl_jax.tools.base import ExecResult, ToolConfig
-from tests.tools.sandbox_testing import boot_time, bwrap_children, needs_bwrap, processes_in_pid_namespace
+from tests.tools.sandbox_testing import (boot_time, bwrap_children, missing, needs_bwrap,
+                                         processes_in_pid_namespace)
 
 TIMEOUT = 2.0
 MEMORY = 256
@@ -27,12 +28,12 @@ def executor_for():
 
   def get(mode: str) -> sandbox.LocalExecutor:
     if sandbox.bwrap_path() is None:
-      pytest.skip("bubblewrap is not installed")
+      missing("bubblewrap is not installed")
     if mode not in made:
       made[mode] = sandbox.LocalExecutor(ToolConfig(timeout_s=TIMEOUT, memory_mb=MEMORY, max_concurrency=2,
                                                     local_mode=mode))
     if made[mode].local_mode != mode:
-      pytest.skip(f"{mode} mode is not available here (worker mode needs root)")
+      missing(f"{mode} mode is not available here: {made[mode].worker_unavailable}")
     return made[mode]
 
   yield get
@@ -133,6 +134,38 @@ def test_hostile_program_is_contained(run, name):
     assert r.stdout == "ok \ufffd\ufffd\ufffd end\n"
   if name == "memory_bomb":
     assert "MemoryError" in r.stderr
+
+
+@needs_bwrap
+@pytest.mark.parametrize("mode", MODES)
+def test_one_memory_cap_on_the_whole_sandbox(mode):
+  """16 processes of 100 MiB each against a 256 MiB cap: per process (RLIMIT_AS) each fits, so without a cap on
+  the whole sandbox they would hold 1.6 GiB; with one, the kernel kills inside the sandbox and the rest survive.
+  Where this host has no memory cgroup to use (a normal user without a delegated one) the cap is per process
+  and the test says so rather than pass."""
+  base = sandbox_memory.cgroup_base()
+  if isinstance(base, str):
+    missing(f"no memory cgroup here: {base}")
+  code = ("import os, time\nkids = []\nfor i in range(16):\n  pid = os.fork()\n  if pid == 0:\n"
+          "    x = bytearray(100 << 20)\n    for j in range(0, len(x), 4096):\n      x[j] = 1\n"
+          "    time.sleep(1)\n    os._exit(0)\n  kids.append(pid)\n"
+          "print(sum(os.waitpid(p, 0)[1] == 0 for p in kids))")
+  with sandbox.LocalExecutor(ToolConfig(timeout_s=20.0, memory_mb=MEMORY, max_concurrency=1,
+                                        local_mode=mode)) as executor:
+    rec: dict = {}
+    r = executor.run(code, on_start=rec.update)
+    rec["ended"] = boot_time()
+  assert r.status == "ok" and int(r.stdout) <= MEMORY // 100, r
+  assert "memory cap of 256 MiB was reached" in r.stderr
+  assert_nothing_left(rec)
+  assert not [n for n in os.listdir(base.path) if n.startswith(f"agentrl-sandbox-{os.getpid()}-")
+              and not _is_worker_group(os.path.join(base.path, n))]
+
+
+def _is_worker_group(path: str) -> bool:
+  """Whether a cgroup of ours holds a live worker (those stay while their worker does)."""
+  with open(os.path.join(path, "cgroup.procs")) as f:
+    return bool(f.read().strip())
 
 
 def test_no_host_files_written_and_no_leftover_files(run):

@@ -17,7 +17,8 @@ import pytest
 from agentrl_jax import tools
 from agentrl_jax.tools import executors, sandbox, sandbox_worker
 from agentrl_jax.tools.base import ToolConfig
-from tests.tools.sandbox_testing import boot_time, bwrap_children, needs_bwrap, processes_in_pid_namespace
+from tests.tools.sandbox_testing import (boot_time, bwrap_children, missing, needs_bwrap,
+                                         processes_in_pid_namespace)
 
 pytestmark = needs_bwrap
 
@@ -27,8 +28,9 @@ CFG = {"timeout_s": 5.0, "memory_mb": 512}
 def worker_executor(**cfg) -> sandbox.LocalExecutor:
   executor = sandbox.LocalExecutor(ToolConfig(**{**CFG, "max_concurrency": 1, **cfg}))
   if executor.local_mode != "worker":
+    why = executor.worker_unavailable
     executor.close()
-    pytest.skip("worker mode is not available here")
+    missing(f"worker mode is not available here: {why}")
   return executor
 
 
@@ -280,7 +282,7 @@ def test_workers_die_with_the_host_process():
     host.kill()  # SIGKILL: no close(), no atexit; only its descriptors close
     host.wait()
   if mode != "worker":
-    pytest.skip("worker mode is not available here")
+    missing("worker mode is not available here")
   deadline = time.monotonic() + 10.0
   while time.monotonic() < deadline and any(alive(int(z)) for z in zygotes):
     time.sleep(0.05)
