@@ -75,12 +75,14 @@ class ToolConfig:
   Attributes:
     backend: 'local' (bubblewrap sandbox) or 'sandbox_fusion' (HTTP service).
     timeout_s: wall-clock limit per program, seconds (the recipe uses 30).
-    memory_mb: address-space limit per process (local) or `memory_limit_MB` (SandboxFusion).
+    memory_mb: local: the address-space limit of each process and one memory cap on the whole sandbox (a
+      memory cgroup, where the host has one to use: `sandbox_memory.py`); SandboxFusion: `memory_limit_MB`.
     max_concurrency: programs running at once; None = number of CPU cores (local) or 32 (SandboxFusion).
     allow_unsandboxed: local backend only: when bubblewrap is missing, run programs without isolation (rlimits
       and a private temp dir only) instead of refusing. Never use this on a machine holding anything of value.
-    local_mode: local backend only: 'worker' (one long-lived sandbox per slot forks each program; needs root,
-      else falls back with a log line) or 'per_call' (a new bubblewrap sandbox and interpreter per program).
+    local_mode: local backend only: 'worker' (one long-lived sandbox per slot forks each program, as root or
+      as a normal user; falls back with a log line where no worker starts) or 'per_call' (a new bubblewrap
+      sandbox and interpreter per program).
     sandbox_fusion_url: full `/run_code` URL of a SandboxFusion server, e.g. 'http://localhost:8080/run_code'.
     max_output_bytes: bytes kept per stream (head and tail; the middle is dropped while reading).
     output_limit_bytes: a program writing more than this (both streams together) is killed.
