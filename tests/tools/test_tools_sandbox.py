@@ -77,12 +77,17 @@ def test_ok_error_stdin_and_traceback(run):
   assert_nothing_left(rec)
 
 
-def test_scientific_stack_and_isolated_view(run):
+@needs_bwrap
+@pytest.mark.parametrize("mode", MODES)
+def test_scientific_stack_and_isolated_view(mode):
   code = ("import numpy, sympy, os\n"
           "print(numpy.arange(4).sum(), sympy.factorint(360))\n"
           "print(os.getcwd(), sorted(os.listdir('/')))\n"
           "print(os.path.exists('/work/main/agentrl_jax'), os.path.exists('/root/.ssh'), os.getuid() == 0)")
-  r, _, _ = run(code)
+  # Importing sympy takes ~1.4 s at a load of 20 on 2 cores: this file's 2 s limit is for hostile programs.
+  with sandbox.LocalExecutor(ToolConfig(timeout_s=30.0, memory_mb=MEMORY, max_concurrency=1,
+                                        local_mode=mode)) as executor:
+    r = executor.run(code)
   assert r.status == "ok", r.stderr
   lines = r.stdout.splitlines()
   assert lines[0] == "6 {2: 3, 3: 2, 5: 1}"
