@@ -38,7 +38,8 @@ def run_as_normal_user(*pytest_args: str, timeout: float) -> str:
 
 def test_the_attacks_that_differ_without_root_are_blocked_as_a_normal_user():
   run_as_normal_user("tests/tools/test_harness_attacks.py", "tests/tools/test_tools_sandbox_worker.py", "-k",
-                     "grandchild or steal or ptrace or kill or forged or normal_user or pid_1 or nothing_to_the_next",
+                     "grandchild or steal or ptrace or kill or forged or normal_user or pid_1 or nothing_to_the_next "
+                     "or user_namespaces",
                      timeout=300)
 
 

@@ -137,6 +137,20 @@ def test_each_call_is_pid_1_alone_with_its_own_uid_and_no_capabilities(one):
     assert uids == {os.getuid()}
 
 
+@pytest.mark.parametrize("mode", ["per_call", "worker"])
+def test_a_normal_users_programs_cannot_make_user_namespaces(mode):
+  """Without root the sandbox is a user namespace; no program may make another (bubblewrap's --disable-userns per
+  call; the zygote sets its own namespace's max_user_namespaces to 0)."""
+  if os.geteuid() == 0:
+    pytest.skip("as root programs run as random uids in no user namespace; tests/tools/test_tools_as_normal_user.py "
+                "runs this as a normal user")
+  code = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.unshare(0x10000000), ctypes.get_errno())"
+  with sandbox.LocalExecutor(ToolConfig(**{**CFG, "max_concurrency": 1, "local_mode": mode})) as executor:
+    assert executor.local_mode == mode
+    r = executor.run(code)
+  assert r.ok and r.stdout.split()[0] == "-1", r
+
+
 def test_ipc_objects_do_not_survive_a_call(one):
   make = "import ctypes\nprint(ctypes.CDLL(None).shmget(0x5A5A, 4096, 0o1666) >= 0)"  # IPC_CREAT
   find = "import ctypes\nprint(ctypes.CDLL(None).shmget(0x5A5A, 4096, 0o666) >= 0)"
