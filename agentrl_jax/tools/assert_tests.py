@@ -11,9 +11,9 @@ partial credit); every pytest-style `test_*` function and `Test*` class method, 
 with all their cases); module-level asserts (MBPP) otherwise. A test code that would run nothing (`check` without
 an entry point or a call, no test function, no assert) or does not parse is a malformed ground truth
 (`ValueError`), never a pass. The program is the harness (`harness_protocol.py`, `harness_solution.py`,
-`harness_main.py`: see the last for why it proves what it says) with the solution embedded; the test, what to
-run and a fresh random key go on standard input, which only the harness's tester process reads; the verdict line
-carries the HMAC of its text under that key, never the key.
+`harness_tests.py`, `harness_main.py`: see the last for why it proves what it says) with the solution embedded;
+the test, what to run and a fresh random key go on standard input, which only the harness's tester process
+reads; the verdict line carries the HMAC of its text under that key, never the key.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import secrets
 
 from agentrl_jax.tools.base import ExecResult
 
-_HARNESS_FILES = ("harness_protocol.py", "harness_solution.py", "harness_main.py")
+_HARNESS_FILES = ("harness_protocol.py", "harness_solution.py", "harness_tests.py", "harness_main.py")
 # Verdicts of the harness that are not the response's doing, by the kind of failure they are.
 INFRA_VERDICTS = {"malformed": "ground_truth", "unsupported": "harness", "harness_error": "harness"}
 _BUILTIN_NAMES = frozenset(dir(builtins))

@@ -40,8 +40,8 @@ SYMMETRIC = {"entry_point": "normalise", "test": "def check(candidate):\n"
 MAP = {"entry_point": "add", "test": "def check(candidate):\n"
                                      "    assert all(map(lambda p: candidate(*p) == p[0] + p[1], [(2, 3), (-1, 1)]))\n"}
 ZIP = {"entry_point": "add", "test": "def check(candidate):\n"
-                                     "    for got, want in zip(map(lambda p: candidate(*p), [(2, 3), (-1, 1)]), [5, 0]):\n"
-                                     "        assert got == want\n"}
+                                     "    got = map(lambda p: candidate(*p), [(2, 3), (-1, 1)])\n"
+                                     "    for g, want in zip(got, [5, 0]):\n        assert g == want\n"}
 MUTATE = {"entry_point": "sort_list", "test": "def check(candidate):\n    xs = [3, 1, 2]\n"
                                               "    assert candidate(xs) == sorted(xs)\n"}
 LOOP = {"entry_point": "divisors", "test": "def check(candidate):\n    for d in candidate(12):\n"
@@ -54,7 +54,8 @@ MAIN_CHECK = {"test": "def check(f):\n    assert f(2, 3) == 5\n    assert f(-1, 
 ASYNC = {"test": "from solution import add\n\n\nasync def test_add():\n    assert add(2, 3) == 5\n"}
 GENERATOR = {"test": "from solution import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n    yield\n"}
 NOSE = {"test": "from solution import add\n\n\ndef check_sum(a, b, want):\n    assert add(a, b) == want\n\n\n"
-                "def test_sums():\n    for a, b, want in [(2, 3, 5), (-1, 1, 0)]:\n        yield check_sum, a, b, want\n"}
+                "def test_sums():\n    for a, b, want in [(2, 3, 5), (-1, 1, 0)]:\n"
+                "        yield check_sum, a, b, want\n"}
 SUITES = {"assert": ASSERT, "pytest": PYTEST, "module": MODULE, "stdin": STDIN, "functional": FUNCTIONAL,
           "star": STAR, "math": MATH, "in": IN, "assert_in": ASSERT_IN, "symmetric": SYMMETRIC, "map": MAP,
           "zip": ZIP, "mutate": MUTATE, "loop": LOOP, "sort_key": SORT_KEY, "main_asserts": MAIN_ASSERTS,
@@ -202,7 +203,8 @@ ATTACKS = {
     # ---- part III: the solution's namespace reaching the test
     "star/builtins shadowed through a star import": ("star", WRONG + (
         "def abs(x):\n    return 0\ndef sorted(x):\n    return [1, 5]\ndef isinstance(*a):\n    return True\n")),
-    "star/isinstance shadowed (was an 'unsupported' verdict)": ("star", WRONG + "def isinstance(*a):\n    return True\n"),
+    "star/isinstance shadowed (was an 'unsupported' verdict)": ("star", WRONG + (
+        "def isinstance(*a):\n    return True\n")),
     "math/a math object of its own": ("math", WRONG + "class M:\n    @staticmethod\n    def isclose(a, b):\n"
                                                       "        return True\nmath = M()\n"),
     "math/the real math module patched": ("math", WRONG + "import math\nmath.isclose = lambda *a, **k: True\n"),
@@ -269,7 +271,8 @@ HONEST = {
     "star/star import": ("star", "def add(a, b):\n    return a + b\n"),
     "math/math imported by the solution": ("math", "import math\ndef add(a, b):\n    return a + b\n"),
     "math/math never imported": ("math", "def add(a, b):\n    return a + b\n"),
-    "in/membership in a returned list": ("in", "def divisors(n):\n    return [d for d in range(1, n + 1) if n % d == 0]\n"),
+    "in/membership in a returned list": ("in", "def divisors(n):\n"
+                                               "    return [d for d in range(1, n + 1) if n % d == 0]\n"),
     "assert_in/assertIn": ("assert_in", "def divisors(n):\n    return {d for d in range(1, n + 1) if n % d == 0}\n"),
     "symmetric/sorted results": ("symmetric", "def normalise(xs):\n    return sorted(xs)\n"),
     "map/checks inside map": ("map", "def add(a, b):\n    return a + b\n"),

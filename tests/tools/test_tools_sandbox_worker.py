@@ -144,7 +144,8 @@ def test_a_normal_users_programs_cannot_make_user_namespaces(mode):
   if os.geteuid() == 0:
     pytest.skip("as root programs run as random uids in no user namespace; tests/tools/test_tools_as_normal_user.py "
                 "runs this as a normal user")
-  code = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.unshare(0x10000000), ctypes.get_errno())"
+  code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+          "print(libc.unshare(0x10000000), ctypes.get_errno())")
   with sandbox.LocalExecutor(ToolConfig(**{**CFG, "max_concurrency": 1, "local_mode": mode})) as executor:
     assert executor.local_mode == mode
     r = executor.run(code)
