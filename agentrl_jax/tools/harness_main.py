@@ -30,7 +30,7 @@ that name. Arguments (lists, dicts, sets, bytearrays) come back after a call, so
 changes reach the test at its next statement (or the solution's next call): `assert candidate(xs) ==
 sorted(xs)` compares with the list the test passed in. Names: the test reads only what it imports from
 `solution`, the entry point and, for a free name (one the test uses but never defines), the solution's global of
-that name; a star import never shadows a builtin or a name of the trusted prefix; a test that names an entry
+that name; a star import never shadows a builtin, a name of the trusted prefix or one the test defines itself; a test that names an entry
 point and uses a helper only the solution could supply is malformed (the prompt's helpers belong in the prefix).
 
 Checks that never run are not passes. The test code is instrumented: each executed assert, `assert*` /
@@ -72,8 +72,8 @@ if __name__ != "__main__":  # imported (tests, tooling); in the sandbox the othe
   from agentrl_jax.tools.harness_protocol import (_CATCHABLE, _DETAIL_CHARS, _dec, _enc, _message, _prctl,
                                                   _recv, _send)
   from agentrl_jax.tools.harness_solution import _start_solution
-  from agentrl_jax.tools.harness_tests import (_TEST_FILE, _Malformed, _Unsupported, _instrument, _is_check_stmt,
-                                               _run_target, _star_imports_solution, _target_body)
+  from agentrl_jax.tools.harness_tests import (_TEST_FILE, _Malformed, _Unsupported, _bound_names, _instrument,
+                                               _is_check_stmt, _run_target, _star_imports_solution, _target_body)
 
 _UNCOMPARABLE = ("an object of the solution's own type is compared: the harness compares data only, never with "
                  "the solution's __eq__")
@@ -414,13 +414,14 @@ def _main(solution, prefix, script=True):
     tree = ast.parse(test, _TEST_FILE)
     expected = sum(_is_check_stmt(s, ast) for s in _target_body(tree, target, ast))
     star = _star_imports_solution(tree, ast)
+    own_names = _bound_names(tree, ast)
     code = compile(_instrument(tree, ast), _TEST_FILE, "exec")
   except BaseException as e:  # pylint: disable=broad-except
     _os.kill(pid, _signal.SIGKILL)
     if key:
       _verdict(out_fd, key, "harness_error", f"cannot read the test: {type(e).__name__}: {_message(e)}")
     _os._exit(0)
-  outcome, detail = _run(req_w, rep_r, prefix, test, code, target, entry, free_names, expected, star)
+  outcome, detail = _run(req_w, rep_r, prefix, test, code, target, entry, free_names, expected, star, own_names)
   try:
     _os.kill(pid, _signal.SIGKILL)
   except OSError:
@@ -429,7 +430,7 @@ def _main(solution, prefix, script=True):
   _os._exit(0)
 
 
-def _run(req_w, rep_r, prefix, test, code, target, entry, free_names, expected, star):
+def _run(req_w, rep_r, prefix, test, code, target, entry, free_names, expected, star, own_names):
   """(outcome, detail) of one test."""
   tester = _Tester(req_w, rep_r)
   test_lines = test.split("\n")
@@ -461,7 +462,7 @@ def _run(req_w, rep_r, prefix, test, code, target, entry, free_names, expected, 
   tester.names = sorted(available)
   runs = 1
   try:
-    _install_solution_module(tester, available, trusted | set(dir(_builtins)) - {entry}, entry)
+    _install_solution_module(tester, available, (trusted | own_names | set(dir(_builtins))) - {entry}, entry)
     _free_names(tester, ns, free_names, available, entry, star)
     candidate = None
     if entry:

@@ -113,6 +113,20 @@ def _target_body(tree, target, ast):
   return []
 
 
+def _bound_names(tree, ast):
+  """Names the test binds itself anywhere (defs, classes, assignments, imports other than from `solution`): a
+  star import from the solution must not replace them (a test's own `expected()` defined above the import)."""
+  names = set()
+  for n in ast.walk(tree):
+    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      names.add(n.name)
+    elif isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+      names.add(n.id)
+    elif isinstance(n, (ast.Import, ast.ImportFrom)) and getattr(n, "module", None) != "solution":
+      names.update((a.asname or a.name).split(".")[0] for a in n.names if a.name != "*")
+  return names
+
+
 def _star_imports_solution(tree, ast):
   return any(isinstance(n, ast.ImportFrom) and n.module == "solution" and any(a.name == "*" for a in n.names)
              for n in ast.walk(tree))

@@ -56,7 +56,9 @@ GENERATOR = {"test": "from solution import add\n\n\ndef test_add():\n    assert 
 NOSE = {"test": "from solution import add\n\n\ndef check_sum(a, b, want):\n    assert add(a, b) == want\n\n\n"
                 "def test_sums():\n    for a, b, want in [(2, 3, 5), (-1, 1, 0)]:\n"
                 "        yield check_sum, a, b, want\n"}
-SUITES = {"assert": ASSERT, "pytest": PYTEST, "module": MODULE, "stdin": STDIN, "functional": FUNCTIONAL,
+OWN_HELPER = {"test": "def expected(a, b):\n    return a + b\n\n\nfrom solution import *\n\n\ndef test_add():\n"
+                      "    assert add(2, 3) == expected(2, 3)\n"}
+SUITES = {"own_helper": OWN_HELPER, "assert": ASSERT, "pytest": PYTEST, "module": MODULE, "stdin": STDIN, "functional": FUNCTIONAL,
           "star": STAR, "math": MATH, "in": IN, "assert_in": ASSERT_IN, "symmetric": SYMMETRIC, "map": MAP,
           "zip": ZIP, "mutate": MUTATE, "loop": LOOP, "sort_key": SORT_KEY, "main_asserts": MAIN_ASSERTS,
           "main_check": MAIN_CHECK, "async": ASYNC, "generator": GENERATOR, "nose": NOSE}
@@ -205,6 +207,8 @@ ATTACKS = {
         "def abs(x):\n    return 0\ndef sorted(x):\n    return [1, 5]\ndef isinstance(*a):\n    return True\n")),
     "star/isinstance shadowed (was an 'unsupported' verdict)": ("star", WRONG + (
         "def isinstance(*a):\n    return True\n")),
+    "own_helper/a star import replacing the test's own helper": ("own_helper", WRONG + (
+        "def expected(a, b):\n    return a - b\n")),
     "math/a math object of its own": ("math", WRONG + "class M:\n    @staticmethod\n    def isclose(a, b):\n"
                                                       "        return True\nmath = M()\n"),
     "math/the real math module patched": ("math", WRONG + "import math\nmath.isclose = lambda *a, **k: True\n"),
@@ -269,6 +273,7 @@ HONEST = {
                                                        "if __name__ == '__main__':\n    a = int(input())\n"
                                                        "    print(safe_div(a, 2))\n"),
     "star/star import": ("star", "def add(a, b):\n    return a + b\n"),
+    "own_helper/the test's own helper above a star import": ("own_helper", "def add(a, b):\n    return a + b\n"),
     "math/math imported by the solution": ("math", "import math\ndef add(a, b):\n    return a + b\n"),
     "math/math never imported": ("math", "def add(a, b):\n    return a + b\n"),
     "in/membership in a returned list": ("in", "def divisors(n):\n"
