@@ -289,7 +289,8 @@ def _run_in(plan: _Plan, cfg: ToolConfig, code: str, stdin: str, on_start: Calla
     if status_w >= 0:
       os.close(status_w)
       fds.remove(status_w)
-    return _supervise(proc, cfg, status_r, deadline, start, on_start)
+    watch = sandbox_memory.Watch(cfg.memory_mb << 20) if group is None else None
+    return _supervise(proc, cfg, status_r, deadline, start, on_start, watch)
   finally:
     for fd in fds:
       try:
@@ -301,11 +302,13 @@ def _run_in(plan: _Plan, cfg: ToolConfig, code: str, stdin: str, on_start: Calla
 
 
 def _supervise(proc: subprocess.Popen, cfg: ToolConfig, status_r: int, deadline: float, start: float,
-               on_start: Callable[[dict], None] | None) -> ExecResult:
-  """Reads output and status until the program ends, the deadline passes or the output limit is hit."""
+               on_start: Callable[[dict], None] | None, watch: sandbox_memory.Watch | None = None) -> ExecResult:
+  """Reads output and status until the program ends, the deadline passes, the output limit is hit or (without a
+  memory cgroup) `watch` finds the sandbox over its memory cap."""
   out, err = sandbox_worker.Capture(cfg.max_output_bytes), sandbox_worker.Capture(cfg.max_output_bytes)
   status_buf, records = b"", []
-  pidfd, timed_out, too_much = None, False, False
+  pidfd, timed_out, too_much, too_big = None, False, False, False
+  root_pid = proc.pid if status_r < 0 else None  # unsandboxed: the launcher; else bubblewrap's child, once known
   sel = selectors.DefaultSelector()
   sel.register(proc.stdout, selectors.EVENT_READ, out)
   sel.register(proc.stderr, selectors.EVENT_READ, err)
@@ -317,7 +320,7 @@ def _supervise(proc: subprocess.Popen, cfg: ToolConfig, status_r: int, deadline:
       if left <= 0:
         timed_out = True
         break
-      for key, _ in sel.select(timeout=min(left, 1.0)):
+      for key, _ in sel.select(timeout=min(left, 1.0 if watch is None else watch.interval_s)):
         data = os.read(key.fd, sandbox_worker.READ_CHUNK)
         if not data:
           sel.unregister(key.fileobj)
@@ -327,6 +330,7 @@ def _supervise(proc: subprocess.Popen, cfg: ToolConfig, status_r: int, deadline:
           for rec in new:
             records.append(rec)
             if "child-pid" in rec and pidfd is None:
+              root_pid = rec["child-pid"]
               try:
                 pidfd = os.pidfd_open(rec["child-pid"])
               except OSError:
@@ -338,7 +342,10 @@ def _supervise(proc: subprocess.Popen, cfg: ToolConfig, status_r: int, deadline:
       if out.total + err.total > cfg.output_limit_bytes:
         too_much = True
         break
-    if timed_out or too_much:
+      if watch is not None and watch.over(root_pid, time.monotonic()):
+        too_big = True
+        break
+    if timed_out or too_much or too_big:
       sandbox_worker.terminate(proc, pidfd)
     try:
       proc.wait(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
@@ -357,6 +364,8 @@ def _supervise(proc: subprocess.Popen, cfg: ToolConfig, status_r: int, deadline:
   limited = limit_result(cfg, stdout, stderr, wall, timed_out=timed_out, too_much=too_much)
   if limited is not None:
     return limited
+  if too_big:
+    return sandbox_memory.over_result(ExecResult("memory", stdout, stderr, None, wall), watch)
   if status_r < 0:  # unsandboxed: the interpreter's own exit status
     exit_code = proc.returncode
   else:

@@ -210,3 +210,68 @@ def after_oom(result: ExecResult, kills: int, limit_bytes: int) -> ExecResult:
   note = f"the sandbox's memory cap of {limit_bytes >> 20} MiB was reached; {kills} process(es) killed"
   status = result.status if result.status in ("ok", "timeout") else "memory"
   return dataclasses.replace(result, status=status, stderr=with_note(result.stderr, note))
+
+
+# ----------------------------------------------------------------------------------------------- no cgroup
+
+
+class Watch:
+  """The equivalent where there is no cgroup (a normal user without a delegated one): the host polls the memory
+  of every process under the sandbox's root process (proportional set size where readable, else resident) and
+  reports when their sum passes the cap; the caller then kills the sandbox. Reactive, so a program can overshoot
+  by what it allocates within one `interval_s`; each process stays under RLIMIT_AS as well."""
+
+  def __init__(self, cap_bytes: int, interval_s: float = 0.02):
+    self.cap, self.interval_s = cap_bytes, interval_s
+    self._next = 0.0
+    self.peak = 0
+
+  def over(self, root_pid: int | None, now: float, *, include_root: bool = True) -> bool:
+    """Whether the processes under `root_pid` hold more than the cap (checked at most once per interval)."""
+    if root_pid is None or now < self._next:
+      return False
+    self._next = now + self.interval_s
+    used = sum(_process_memory(pid) for pid in _descendants(root_pid, include_root))
+    self.peak = max(self.peak, used)
+    return used > self.cap
+
+
+def _descendants(root: int, include_root: bool) -> list[int]:
+  out, todo = [], [root]
+  while todo:
+    pid = todo.pop()
+    if pid != root or include_root:
+      out.append(pid)
+    try:
+      tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+      continue
+    for tid in tasks:
+      try:
+        todo.extend(int(c) for c in _read(f"/proc/{pid}/task/{tid}/children").split())
+      except (OSError, ValueError):
+        pass
+  return out
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _process_memory(pid: int) -> int:
+  try:  # shared pages (a forked interpreter's) counted once across the processes that share them
+    for line in _read(f"/proc/{pid}/smaps_rollup").splitlines():
+      if line.startswith("Pss:"):
+        return int(line.split()[1]) << 10
+  except (OSError, ValueError, IndexError):
+    pass
+  try:  # a process we may not inspect (the harness's non-dumpable tester): its resident size
+    return int(_read(f"/proc/{pid}/statm").split()[1]) * _PAGE
+  except (OSError, ValueError, IndexError):
+    return 0
+
+
+def over_result(result: ExecResult, watch: Watch) -> ExecResult:
+  """The result of a sandbox killed by `watch` for holding more than the cap."""
+  note = (f"the sandbox's memory ({watch.peak >> 20} MiB) passed its cap of {watch.cap >> 20} MiB; killed "
+          "(no memory cgroup here: the host polls the sandbox's processes)")
+  return dataclasses.replace(result, status="memory", stderr=with_note(result.stderr, note))

@@ -298,7 +298,8 @@ class _Worker:
         for fd in fds:
           os.close(fd)  # the zygote holds its own copies now: EOF comes when the program's processes are gone
       call = _Call(Capture(cfg.max_output_bytes), Capture(cfg.max_output_bytes))
-      timed_out, too_much = self._supervise(call, out_r, err_r, cfg, deadline, on_start)
+      watch = sandbox_memory.Watch(cfg.memory_mb << 20) if self.group is None else None
+      timed_out, too_much, too_big = self._supervise(call, out_r, err_r, cfg, deadline, on_start, watch)
     finally:
       os.close(out_r)
       os.close(err_r)
@@ -311,6 +312,8 @@ class _Worker:
     limited = limit_result(cfg, stdout, stderr, wall, timed_out=timed_out, too_much=too_much)
     if limited is not None:
       return limited
+    if too_big:
+      return sandbox_memory.over_result(ExecResult("memory", stdout, stderr, None, wall), watch)
     if call.error is not None:
       self.healthy = False  # its `exit` is still to come: do not reuse the socket
       return ExecResult("sandbox_error", stdout, with_note(stderr, f"the sandbox could not run the program: "
@@ -325,10 +328,12 @@ class _Worker:
     return ExecResult(status, stdout, stderr, exit_code, wall)
 
   def _supervise(self, call: _Call, out_r: int, err_r: int, cfg: ToolConfig, deadline: float,
-                 on_start: Callable[[dict], None] | None) -> tuple[bool, bool]:
-    """Reads output and control messages until the program ends, the deadline passes or the output limit is
-    hit; then kills or drains. Returns (timed_out, too_much)."""
-    timed_out = too_much = False
+                 on_start: Callable[[dict], None] | None,
+                 watch: sandbox_memory.Watch | None = None) -> tuple[bool, bool, bool]:
+    """Reads output and control messages until the program ends, the deadline passes, the output limit is hit
+    or (without a memory cgroup) `watch` finds the program's processes over the cap; then kills or drains.
+    Returns (timed_out, too_much, too_big)."""
+    timed_out = too_much = too_big = False
     sel = selectors.DefaultSelector()
     sel.register(out_r, selectors.EVENT_READ, call.out)
     sel.register(err_r, selectors.EVENT_READ, call.err)
@@ -339,7 +344,7 @@ class _Worker:
         if left <= 0:
           timed_out = True
           break
-        for key, _ in sel.select(timeout=min(left, 1.0)):
+        for key, _ in sel.select(timeout=min(left, 1.0 if watch is None else watch.interval_s)):
           if key.data is None:
             self._on_message(call, on_start)
             continue
@@ -351,11 +356,15 @@ class _Worker:
         if call.out.total + call.err.total > cfg.output_limit_bytes:
           too_much = True
           break
+        # The zygote's children are the keepers: their trees are the program's processes (and a keeper each).
+        if watch is not None and watch.over(self.zygote_pid, time.monotonic(), include_root=False):
+          too_big = True
+          break
     finally:
       sel.close()
-    if timed_out or too_much:
+    if timed_out or too_much or too_big:
       self._kill_program(call)
-      return timed_out, too_much
+      return timed_out, too_much, too_big
     if call.exit_code is not None:
       # Every writer is gone by now (the zygote reports after the last process of the namespace): the rest of
       # the output is in the pipes. Non-blocking, should a descriptor have leaked somewhere.
@@ -367,7 +376,7 @@ class _Worker:
         except BlockingIOError:
           pass
       too_much = call.out.total + call.err.total > cfg.output_limit_bytes
-    return False, too_much
+    return False, too_much, False
 
   def _on_message(self, call: _Call, on_start: Callable[[dict], None] | None) -> None:
     try:
