@@ -17,6 +17,7 @@ import pytest
 from agentrl_jax import tools
 from agentrl_jax.tools import executors, sandbox, sandbox_worker
 from agentrl_jax.tools.base import ToolConfig
+from tests import normal_user
 from tests.tools.sandbox_testing import (boot_time, bwrap_children, missing, needs_bwrap,
                                          processes_in_pid_namespace)
 
@@ -140,16 +141,20 @@ def test_each_call_is_pid_1_alone_with_its_own_uid_and_no_capabilities(one):
 @pytest.mark.parametrize("mode", ["per_call", "worker"])
 def test_a_normal_users_programs_cannot_make_user_namespaces(mode):
   """Without root the sandbox is a user namespace; no program may make another (bubblewrap's --disable-userns per
-  call; the zygote sets its own namespace's max_user_namespaces to 0)."""
-  if os.geteuid() == 0:
-    pytest.skip("as root programs run as random uids in no user namespace; tests/tools/test_tools_as_normal_user.py "
-                "runs this as a normal user")
-  code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-          "print(libc.unshare(0x10000000), ctypes.get_errno())")
-  with sandbox.LocalExecutor(ToolConfig(**{**CFG, "max_concurrency": 1, "local_mode": mode})) as executor:
-    assert executor.local_mode == mode
-    r = executor.run(code)
-  assert r.ok and r.stdout.split()[0] == "-1", r
+  call; the zygote sets its own namespace's max_user_namespaces to 0). Run as a normal user (this process, or an
+  unprivileged uid when the suite runs as root)."""
+  script = ("import sys\nfrom agentrl_jax.tools import sandbox\nfrom agentrl_jax.tools.base import ToolConfig\n"
+            f"ex = sandbox.LocalExecutor(ToolConfig(timeout_s=10, memory_mb=512, max_concurrency=1, "
+            f"local_mode={mode!r}))\n"
+            "r = ex.run('import ctypes\\nlibc = ctypes.CDLL(None, use_errno=True)\\n"
+            "print(libc.unshare(0x10000000), ctypes.get_errno())')\n"
+            "print(ex.local_mode, r.status, r.stdout.strip())\nex.close()\n")
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  proc = subprocess.run(normal_user.command([sys.executable, "-c", script]), cwd=root, env=normal_user.env(),
+                        capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  local_mode, status, rc, _ = proc.stdout.split()
+  assert (local_mode, status, rc) == (mode, "ok", "-1"), proc.stdout
 
 
 def test_ipc_objects_do_not_survive_a_call(one):
