@@ -7,9 +7,9 @@ Two backends run model-written Python behind the same interface (`tools/executor
 Callers submit code and get futures that never raise: every failure (a crash of the program, of the sandbox, of
 the server) arrives as an `ExecResult` whose `status` says what happened. `sandbox_error` means the
 infrastructure is shown broken: when a run fails in a way that could be the program's doing (a worker dying
-under it, an exception while the host handled its output), the executor runs a probe program; only if the probe
-fails too is the result `sandbox_error`, else it is the program's failure (`killed` / `error`), so no program
-can turn its own wrong answer into an infrastructure failure.
+under it, an exception while the host handled its output), the executor runs the program once more, and if that
+fails too, a probe program; only if the probe fails as well is the result `sandbox_error`, else it is the
+program's failure (`killed`), so no program can turn its own wrong answer into an infrastructure failure.
 
     executor = executors.make_executor(ToolConfig(backend="local", timeout_s=10))
     results = executor.run_batch(["print(1 + 1)", "import time; time.sleep(60)"])
@@ -231,23 +231,28 @@ class PoolExecutor:
     self._probe_started, self._probe_ok = -1.0, True
     self.max_concurrency = max_concurrency
 
+  def _attempt(self, code: str, stdin: str, start: float, **kw) -> ExecResult:
+    try:
+      return self._run_one(code, stdin, **kw)
+    except Exception as e:  # pylint: disable=broad-except
+      # A bug in a backend must not turn into an exception inside the caller's rollout loop.
+      logger.exception("executor backend failed")
+      return ExecResult("sandbox_error", stderr=f"[sandbox] internal error: {type(e).__name__}: {e}",
+                        wall_s=time.monotonic() - start)
+
   def _guarded(self, code: str, stdin: str, **kw) -> ExecResult:
     start = time.monotonic()
-    try:
-      result = self._run_one(code, stdin, **kw)
-    except Exception as e:  # pylint: disable=broad-except
-      # A bug in a backend must not turn into an exception inside the caller's rollout loop; nor may a program
-      # that provokes one in the host pass it off as a broken sandbox.
-      logger.exception("executor backend failed")
-      note = f"[sandbox] internal error: {type(e).__name__}: {e}"
-      if not self.infrastructure_ok(time.monotonic()):
-        return ExecResult("sandbox_error", stderr=note, wall_s=time.monotonic() - start)
-      return ExecResult("error", stderr=f"{note}; a probe program runs fine here, so this is the program's failure",
-                        wall_s=time.monotonic() - start)
+    result = self._attempt(code, stdin, start, **kw)
+    if result.status != "sandbox_error":
+      return result
+    # Once more: a transient failure (a loaded host) gives the program its run; one the program provokes (a
+    # worker it kills, output the host cannot process) happens again, and a probe then tells the two apart.
+    result = self._attempt(code, stdin, start, **kw)
     if result.status != "sandbox_error" or not self.infrastructure_ok(time.monotonic()):
       return result
     return ExecResult("killed", result.stdout, with_note(result.stderr, "a probe program runs fine here, so this "
-                                                         "is the program's failure"), result.exit_code, result.wall_s)
+                                                         "is the program's failure"), result.exit_code,
+                      time.monotonic() - start)
 
   def infrastructure_ok(self, since: float) -> bool:
     """Whether a probe program runs correctly, from a probe started at `since` or later (one probe at a time;

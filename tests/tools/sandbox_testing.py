@@ -46,6 +46,16 @@ def processes_in_pid_namespace(inode: int, started_before: float | None = None) 
   return pids
 
 
+def leftovers(inode: int, started_before: float, grace_s: float = 3.0) -> list[int]:
+  """`processes_in_pid_namespace`, polled until empty for up to `grace_s`: when a sandbox's pid 1 exits, the
+  kernel kills the rest of its namespace, and on a loaded host the last of them can take a moment to be reaped
+  (a daemon that escaped would stay)."""
+  deadline = time.monotonic() + grace_s
+  while (pids := processes_in_pid_namespace(inode, started_before)) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  return pids
+
+
 def boot_time() -> float:
   """Seconds since boot, the clock of /proc/PID/stat's start time."""
   return time.clock_gettime(time.CLOCK_BOOTTIME)
