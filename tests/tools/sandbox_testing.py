@@ -48,8 +48,9 @@ def processes_in_pid_namespace(inode: int, started_before: float | None = None) 
 
 def leftovers(inode: int, started_before: float, grace_s: float = 3.0) -> list[int]:
   """`processes_in_pid_namespace`, polled until empty for up to `grace_s`: when a sandbox's pid 1 exits, the
-  kernel kills the rest of its namespace, and on a loaded host the last of them can take a moment to be reaped
-  (a daemon that escaped would stay)."""
+  kernel kills the rest of its namespace, and on a loaded host the last of them can take a moment to be reaped;
+  and a namespace's inode number is reused at once, so a sandbox started meanwhile (another test's, with
+  pytest-xdist) can show up under it until it ends. A daemon that escaped would stay."""
   deadline = time.monotonic() + grace_s
   while (pids := processes_in_pid_namespace(inode, started_before)) and time.monotonic() < deadline:
     time.sleep(0.05)

@@ -13,8 +13,7 @@ import pytest
 
 from agentrl_jax.tools import base, executors, sandbox, sandbox_memory, sandbox_worker
 from agentrl_jax.tools.base import ExecResult, ToolConfig
-from tests.tools.sandbox_testing import (boot_time, bwrap_children, missing, needs_bwrap,
-                                         processes_in_pid_namespace)
+from tests.tools.sandbox_testing import boot_time, bwrap_children, leftovers, missing, needs_bwrap
 
 TIMEOUT = 2.0
 MEMORY = 256
@@ -58,7 +57,7 @@ def run(request, executor_for):
 
 def assert_nothing_left(record: dict) -> None:
   assert "pid-namespace" in record, record
-  assert processes_in_pid_namespace(record["pid-namespace"], record["ended"]) == []
+  assert leftovers(record["pid-namespace"], record["ended"]) == []
 
 
 # ------------------------------------------------------------------------------------------ normal programs

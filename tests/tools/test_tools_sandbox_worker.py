@@ -18,8 +18,7 @@ from agentrl_jax import tools
 from agentrl_jax.tools import executors, sandbox, sandbox_worker
 from agentrl_jax.tools.base import ToolConfig
 from tests import normal_user
-from tests.tools.sandbox_testing import (boot_time, bwrap_children, missing, needs_bwrap,
-                                         processes_in_pid_namespace)
+from tests.tools.sandbox_testing import boot_time, bwrap_children, leftovers, missing, needs_bwrap
 
 pytestmark = needs_bwrap
 
@@ -108,7 +107,7 @@ def test_calls_on_one_worker_leave_nothing_to_the_next(one):
   record: dict = {}
   r = one.run(daemon, on_start=record.update)
   assert r.status == "ok" and r.stdout == "spawned\n", r
-  assert processes_in_pid_namespace(record["pid-namespace"], boot_time()) == []  # the daemon died with its pid 1
+  assert leftovers(record["pid-namespace"], boot_time()) == []  # the daemon died with its pid 1
   look = ("import os\nprint(sorted(os.listdir('/tmp')), sorted(os.listdir('/dev/shm')))\n"
           "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
   r = one.run(look)
@@ -201,7 +200,7 @@ def test_timeout_kill_leaves_the_worker_usable():
     record: dict = {}
     r = executor.run(code, on_start=record.update)
     assert (r.status, r.stdout) == ("timeout", "x\n") and "wall-clock limit" in r.stderr, r
-    assert processes_in_pid_namespace(record["pid-namespace"], boot_time()) == []
+    assert leftovers(record["pid-namespace"], boot_time()) == []
     zygotes = executor.zygote_pids()
     assert executor.run("print(1)").ok and executor.zygote_pids() == zygotes  # the same worker, still healthy
   finally:
