@@ -22,16 +22,16 @@ So the program forks at once:
                (a solution's `math` with a patched `isclose` is not the test's `math`); an exception class by
                its MRO's names, so `pytest.raises(SolutionError)` catches what the solution raises.
 
-What the solution cannot decide. A handle can be called, read and written through (attributes, items, len,
-iteration, str, truth), but never compared, not even with itself: no `__eq__`, ordering or `__contains__` of the
-solution's decides a test (`x in handle` is decided by T over the handle's items). An exception the solution
-raises that would steer T's control flow (StopIteration ends `map`, `zip`, `all`) arrives as a RuntimeError of
-that name. Arguments (lists, dicts, sets, bytearrays) come back after a call, so in-place mutation works, but the
-changes reach the test at its next statement (or the solution's next call): `assert candidate(xs) ==
-sorted(xs)` compares with the list the test passed in. Names: the test reads only what it imports from
-`solution`, the entry point and, for a free name (one the test uses but never defines), the solution's global of
-that name; a star import never shadows a builtin, a name of the trusted prefix or one the test defines itself; a test that names an entry
-point and uses a helper only the solution could supply is malformed (the prompt's helpers belong in the prefix).
+What the solution cannot decide. A handle can be called, read and written through (attributes, items, len, iteration,
+str, truth), but never compared, not even with itself: no `__eq__`, ordering or `__contains__` of the solution's
+decides a test (`x in handle` is decided by T over the handle's items). An exception the solution raises that would
+steer T's control flow (StopIteration ends `map`, `zip`, `all`) arrives as a RuntimeError of that name. Arguments
+(lists, dicts, sets, bytearrays) come back after a call, so in-place mutation works, but the changes reach the test at
+its next statement (or the solution's next call): `assert candidate(xs) == sorted(xs)` compares with the list the test
+passed in. Names: the test reads only what it imports from `solution`, the entry point and, for a free name (one the
+test uses but never defines), the solution's global of that name; a star import never shadows a builtin, a name of the
+trusted prefix or one the test defines itself; a test that names an entry point and uses a helper only the solution
+could supply is malformed (the prompt's helpers belong in the prefix).
 
 Checks that never run are not passes. The test code is instrumented: each executed assert, `assert*` /
 `raises` / `fail` call and `if ...: raise` counts as a check. A test passes only if no check failed, at least

@@ -1,16 +1,16 @@
 """Local executor for untrusted, model-written Python: a fresh interpreter per call under bubblewrap.
 
 Each call gets new pid, network, ipc, uts (and, when possible, cgroup) namespaces and its own mount namespace: a
-read-only view of /usr, the Python installation and a few /etc files; a private tmpfs /tmp (the working
-directory) and /dev/shm; a fresh /proc showing only the sandbox's processes. bubblewrap and the child start
-with an EMPTY inherited environment; the child sees only the constants in `CHILD_ENV` (nothing of the caller's).
-Inside, a tiny launcher sets rlimits (address space, CPU seconds, processes, file size, open files, no core
-files) and, when we are root, drops to a random unprivileged uid so RLIMIT_NPROC applies (the kernel does not
-enforce it for root), then execs the program as pid 1 of the namespace. Where the host has a memory cgroup to
-use, the whole sandbox runs in one of its own, capped at `memory_mb` (`sandbox_memory.py`). When pid 1 exits
-or is killed the kernel kills every other process of the namespace, daemons included, and the tmpfs goes with
-the mount namespace: a call leaves no process and no file behind. A wall-clock timeout SIGKILLs pid 1 (through a pidfd, so a reused pid
-is never hit) and bubblewrap; stdout/stderr are read while the program runs, keeping a bounded head and tail.
+read-only view of /usr, the Python installation and a few /etc files; a private tmpfs /tmp (the working directory) and
+/dev/shm; a fresh /proc showing only the sandbox's processes. bubblewrap and the child start with an EMPTY inherited
+environment; the child sees only the constants in `CHILD_ENV` (nothing of the caller's). Inside, a tiny launcher sets
+rlimits (address space, CPU seconds, processes, file size, open files, no core files) and, when we are root, drops to
+a random unprivileged uid so RLIMIT_NPROC applies (the kernel does not enforce it for root), then execs the program as
+pid 1 of the namespace. Where the host has a memory cgroup to use, the whole sandbox runs in one of its own, capped at
+`memory_mb` (`sandbox_memory.py`). When pid 1 exits or is killed the kernel kills every other process of the
+namespace, daemons included, and the tmpfs goes with the mount namespace: a call leaves no process and no file behind.
+A wall-clock timeout SIGKILLs pid 1 (through a pidfd, so a reused pid is never hit) and bubblewrap; stdout/stderr are
+read while the program runs, keeping a bounded head and tail.
 
     from agentrl_jax.tools import sandbox
     r = sandbox.run_python("print(sum(range(10)))", timeout_s=5, memory_mb=512)

@@ -58,7 +58,8 @@ NOSE = {"test": "from solution import add\n\n\ndef check_sum(a, b, want):\n    a
                 "        yield check_sum, a, b, want\n"}
 OWN_HELPER = {"test": "def expected(a, b):\n    return a + b\n\n\nfrom solution import *\n\n\ndef test_add():\n"
                       "    assert add(2, 3) == expected(2, 3)\n"}
-SUITES = {"own_helper": OWN_HELPER, "assert": ASSERT, "pytest": PYTEST, "module": MODULE, "stdin": STDIN, "functional": FUNCTIONAL,
+SUITES = {"own_helper": OWN_HELPER, "assert": ASSERT, "pytest": PYTEST, "module": MODULE, "stdin": STDIN,
+          "functional": FUNCTIONAL,
           "star": STAR, "math": MATH, "in": IN, "assert_in": ASSERT_IN, "symmetric": SYMMETRIC, "map": MAP,
           "zip": ZIP, "mutate": MUTATE, "loop": LOOP, "sort_key": SORT_KEY, "main_asserts": MAIN_ASSERTS,
           "main_check": MAIN_CHECK, "async": ASYNC, "generator": GENERATOR, "nose": NOSE}
