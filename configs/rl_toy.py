@@ -16,7 +16,9 @@ def get_config(arg=None):
   config = recipe.shrink_for_smoke(recipe.rl_config())
   config.data.toy_problems = 512
   config.rollout.update(batch_size=32, max_turns=4, max_response_len=96)
-  config.rl.update(n=4, prompts_per_step=8, mini_batch_prompts=4, micro_batch_size=8, total_steps=20, pack_len=160)
+  # A packed row holds the longest episode: prompt (64) + response (96) tokens.
+  config.rl.update(n=4, prompts_per_step=8, mini_batch_prompts=4, micro_batch_size=8, total_steps=20,
+                   pack_len=config.rollout.max_prompt_len + config.rollout.max_response_len)
   config.optimizer.learning_rate = 3e-3
   config.checkpoint.every_steps = 10
   if arg == "digits":

@@ -43,3 +43,8 @@ if ! command -v bwrap >/dev/null 2>&1; then
     echo "setup: code tool refuses to run model code unless tools.allow_unsandboxed is set." >&2
   fi
 fi
+# CI must not pass by skipping the sandbox's tests: without bubblewrap there, stop now with the reason.
+case "${CI:-}" in
+  1|true|TRUE|True|yes)
+    command -v bwrap >/dev/null 2>&1 || { echo "setup: CI=true and bubblewrap (bwrap) is missing: the sandbox's tests cannot run" >&2; exit 1; } ;;
+esac

@@ -4,4 +4,4 @@
 set -euo pipefail
 source "$(dirname "$0")/setup.sh" test
 # Two workers: JAX compilation is mostly single-threaded, so this roughly halves wall time on 2 cores.
-exec python -m pytest -q -n "${PYTEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"
+exec python -m pytest -q -rs -n "${PYTEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"

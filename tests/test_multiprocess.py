@@ -24,6 +24,7 @@ from safetensors.numpy import load_file
 from agentrl_jax import checkpoint as ckpt_lib
 from agentrl_jax import testing
 from agentrl_jax.tools import sandbox
+from tests.tools import sandbox_testing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 600
@@ -118,7 +119,7 @@ def test_multiprocess_rollout_runs_each_hosts_tools_and_equals_one_process(tmp_p
   """The agent loop with the real sandbox: 2 processes draw the same episodes as 1 (same global program), each
   process ran exactly the tool calls of its own rows (slot blocks), and every transcript holds every result."""
   if sandbox.bwrap_path() is None:
-    pytest.skip("bubblewrap is not installed")
+    sandbox_testing.missing("bubblewrap is not installed")
   script = [sys.executable, "-m", "tests.rollout.multiprocess_rollout_script"]
   one, two = tmp_path / "one", tmp_path / "two"
   _run(str(one), "", [], processes=1, devices_per_process=4, command=[*script, str(tmp_path / "one.pkl")])
@@ -144,13 +145,21 @@ def _rl_state(workdir):
   return step, jax.tree.leaves(state), meta
 
 
+@pytest.mark.parametrize("arg", [None, "digits"])
+def test_rl_toy_packs_its_longest_episode(arg):
+  """The slow test below runs configs/rl_toy.py; a packed row must hold its longest episode (the trainer refuses
+  a shorter `rl.pack_len`, which broke that test once RL episodes were packed)."""
+  config = testing.load_config("rl_toy", arg)
+  assert config.rl.pack_len >= config.rollout.max_prompt_len + config.rollout.max_response_len
+
+
 @pytest.mark.slow
 def test_multiprocess_rl_equals_one_process_and_resumes_after_sigkill(tmp_path):
   """GRPO-TCR steps of configs/rl_toy.py (arithmetic, real sandbox) on 2 processes vs 1 with the same 4 devices:
   same metrics and checkpoint (params, Adam moments, key, counters); then a 2-process run killed after its
   step-2 checkpoint and restarted ends where the uninterrupted one did."""
   if sandbox.bwrap_path() is None:
-    pytest.skip("bubblewrap is not installed")
+    sandbox_testing.missing("bubblewrap is not installed")
   one, two, killed = (str(tmp_path / x) for x in ("one", "two", "killed"))
   _run(one, "configs/rl_toy.py", RL, processes=1, devices_per_process=4)
   _run(two, "configs/rl_toy.py", RL, processes=2, devices_per_process=2)

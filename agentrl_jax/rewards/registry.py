@@ -143,21 +143,45 @@ def compute_score(data_source: str, response: str, ground_truth: Any, extra_info
     cfg: reward settings.
 
   Returns:
-    The `RewardResult`. A crash inside a scorer is logged and becomes score 0 with `failure='scorer'` and an
-    `info` message (the trainer leaves such responses out of the advantage and counts them).
+    The `RewardResult`. When the scorer raises, it is tried on two probe responses for the same ground truth
+    (the ground truth itself as the answer, and an empty response): if either raises too, the scorer or the
+    ground truth is broken, and the result is score 0 with `failure='scorer'` and an `info` message (the
+    trainer leaves such responses out of the advantage and counts them); otherwise the response provoked the
+    exception and scores as the empty response does (a wrong answer), so no response can escape its reward by
+    crashing the scorer.
 
   Raises:
     ValueError: unknown `data_source` (unless `cfg.default_kind`).
   """
   kind = kind_for(data_source, cfg)
-  try:
-    result = SCORERS[kind](response, ground_truth, extra_info, executor, cfg)
+  scorer = SCORERS[kind]
+
+  def run(text: str) -> RewardResult:
+    result = scorer(text, ground_truth, extra_info, executor, cfg)
     if not isinstance(result, RewardResult) or not math.isfinite(result.score):
       raise TypeError(f"the scorer returned {result!r}, not a RewardResult with a finite score")
     return result
+
+  try:
+    return run(response)
   except Exception as e:  # pylint: disable=broad-except
-    logger.exception("reward %s failed for data_source %r", kind, data_source)
-    return RewardResult(0.0, False, "", f"reward {kind} failed: {type(e).__name__}: {e}", failure="scorer")
+    error = f"{type(e).__name__}: {str(e)[:300]}"
+  try:
+    run(_reference_probe(kind, ground_truth))
+    empty = run("")
+  except Exception:  # pylint: disable=broad-except
+    logger.exception("reward %s failed for data_source %r (on a probe response too)", kind, data_source)
+    return RewardResult(0.0, False, "", f"reward {kind} failed: {error}", failure="scorer")
+  logger.info("reward %s raised on a response of %r (%s); scored as a wrong answer", kind, data_source, error)
+  return RewardResult(empty.score, False, "", f"the response made the {kind} reward raise {error}; scored as "
+                      "an empty response (the scorer works on probe responses)")
+
+
+def _reference_probe(kind: str, ground_truth: Any) -> str:
+  """A response that makes the scorer read the ground truth: the truth itself boxed, or for code a program."""
+  if kind == "code":
+    return "```python\npass\n```"
+  return f"\\boxed{{{str(ground_truth)[:10000]}}}"
 
 
 def answer_key(data_source: str, pred: str, cfg: RewardConfig = RewardConfig()) -> str | None:

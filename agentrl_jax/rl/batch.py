@@ -9,9 +9,11 @@ becomes score 0 with a message (`rewards.compute_score`), so a bad response neve
 
 Rewards read the model's own tokens only (`model_text`: loss mask 1), never what a tool printed. A response whose
 reward could not be computed for a reason outside it (`RewardResult.failure`: sandbox down, harness or scorer
-error, malformed ground truth) is an infrastructure failure, not an answer: `update_batch` leaves its row out of
-the loss, the trainer leaves it out of its group's advantage, and `InfraTally` counts such responses per data
-source and stops the run (`RunStopped`) when a step has more than the configured fraction of them.
+error, malformed ground truth; never something the response itself provoked: the executor and the registry
+count a failure as infrastructure only when a probe fails too) is an infrastructure failure, not an answer:
+`update_batch` leaves its row out of the loss, the trainer leaves it out of its group's advantage, and
+`InfraTally` counts such responses per data source and stops the run (`RunStopped`) when a step has more than
+the configured fraction of them.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 holds, the harness program that runs one, and the verdict it proves.
 
     tests = split_tests(test_code, entry_point)    # [(code, target)]: target 'check', 'module', 'test:NAME'
-    program, stdin, nonce = program_for(solution, prefix, code, target, entry_point)
-    outcome, detail = verdict(executor.submit(program, stdin=stdin).result(), nonce)
+    program, stdin, key = program_for(solution, prefix, code, target, entry_point)
+    outcome, detail = verdict(executor.submit(program, stdin=stdin).result(), key)
 
 What runs is decided here, from the test code, never by the solution: `check(entry_point)` when the test defines
 `check` and names an entry point (one test per assert when `check` is a list of one-line asserts: the recipe's
@@ -11,8 +11,9 @@ partial credit); every pytest-style `test_*` function and `Test*` class method, 
 with all their cases); module-level asserts (MBPP) otherwise. A test code that would run nothing (`check` without
 an entry point or a call, no test function, no assert) or does not parse is a malformed ground truth
 (`ValueError`), never a pass. The program is the harness (`harness_protocol.py`, `harness_solution.py`,
-`harness_main.py`: see the last for why it proves what it says) with the solution embedded; the test, what to
-run and a fresh random nonce go on standard input, which only the harness's tester process reads.
+`harness_tests.py`, `harness_main.py`: see the last for why it proves what it says) with the solution embedded;
+the test, what to run and a fresh random key go on standard input, which only the harness's tester process
+reads; the verdict line carries the HMAC of its text under that key, never the key.
 """
 
 from __future__ import annotations
@@ -20,16 +21,19 @@ from __future__ import annotations
 import ast
 import builtins
 import functools
+import hashlib
+import hmac
 import json
 import os
 import secrets
 
 from agentrl_jax.tools.base import ExecResult
 
-_HARNESS_FILES = ("harness_protocol.py", "harness_solution.py", "harness_main.py")
+_HARNESS_FILES = ("harness_protocol.py", "harness_solution.py", "harness_tests.py", "harness_main.py")
 # Verdicts of the harness that are not the response's doing, by the kind of failure they are.
 INFRA_VERDICTS = {"malformed": "ground_truth", "unsupported": "harness", "harness_error": "harness"}
 _BUILTIN_NAMES = frozenset(dir(builtins))
+VERDICT_TAG = "agentrl-verdict"
 
 
 @functools.cache
@@ -138,28 +142,41 @@ def prompt_helpers(prompt: str, entry_point: str) -> str:
 
 
 def program_for(solution: str, prefix: str, code: str, target: str, entry_point: str) -> tuple[str, str, str]:
-  """(program, stdin, nonce) of one test run."""
-  nonce = f"agentrl-verdict-{secrets.token_hex(16)}"
-  program = f"{harness_source()}\n\n_main({solution!r}, {prefix!r})\n"
-  stdin = json.dumps({"nonce": nonce, "test": code, "target": target, "entry_point": entry_point,
+  """(program, stdin, key) of one test run. Script-style targets (check, module) run the solution as
+  `__main__`, as HumanEval and MBPP append the test to it; pytest-style ones import it as `solution`."""
+  key = secrets.token_hex(32)
+  script = not target.startswith("test:")
+  program = f"{harness_source()}\n\n_main({solution!r}, {prefix!r}, {script!r})\n"
+  stdin = json.dumps({"key": key, "test": code, "target": target, "entry_point": entry_point,
                       "free_names": free_names(code)})
-  return program, stdin, nonce
+  return program, stdin, key
 
 
-def verdict(result: ExecResult, nonce: str) -> tuple[str, str]:
+def _proof(stdout: str, key: str) -> dict | None:
+  """The first verdict line whose MAC is valid under `key`, decoded; None if there is none."""
+  mac_key = bytes.fromhex(key)
+  for line in stdout.split("\n"):
+    if not line.startswith(VERDICT_TAG + " "):
+      continue
+    mac, _, body = line[len(VERDICT_TAG) + 1:].partition(" ")
+    want = hmac.new(mac_key, body.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(mac.encode("ascii", "replace"), want.encode()):
+      continue
+    try:
+      proof = json.loads(body)
+    except ValueError:
+      return None
+    return proof if isinstance(proof, dict) else None
+  return None
+
+
+def verdict(result: ExecResult, key: str) -> tuple[str, str]:
   """(outcome, detail) of a harness run: 'pass', 'fail', an `INFRA_VERDICTS` key, 'sandbox_error', or the run's
   status ('timeout', 'memory', 'killed', 'error') when it ended without a verdict."""
   if result.status == "sandbox_error":
     return "sandbox_error", result.stderr.strip()[-300:]
-  proof = None
-  for line in result.stdout.split("\n"):
-    if line.startswith(nonce + " "):
-      try:
-        proof = json.loads(line[len(nonce) + 1:])
-      except ValueError:
-        proof = None
-      break
-  if not isinstance(proof, dict) or proof.get("outcome") not in ("pass", "fail", *INFRA_VERDICTS):
+  proof = _proof(result.stdout, key)
+  if proof is None or proof.get("outcome") not in ("pass", "fail", *INFRA_VERDICTS):
     tail = result.stderr.strip().splitlines()[-1:] or [""]
     status = result.status if result.status != "ok" else "fail"
     return status, f"the harness gave no verdict (status {result.status}) {tail[0][:300]}".strip()

@@ -5,7 +5,11 @@ Two backends run model-written Python behind the same interface (`tools/executor
   sandbox_fusion  a SandboxFusion server's `/run_code` over HTTP (`tools/sandbox_fusion.py`).
 
 Callers submit code and get futures that never raise: every failure (a crash of the program, of the sandbox, of
-the server) arrives as an `ExecResult` whose `status` says what happened.
+the server) arrives as an `ExecResult` whose `status` says what happened. `sandbox_error` means the
+infrastructure is shown broken: when a run fails in a way that could be the program's doing (a worker dying
+under it, an exception while the host handled its output), the executor runs the program once more, and if that
+fails too, a probe program; only if the probe fails as well is the result `sandbox_error`, else it is the
+program's failure (`killed`), so no program can turn its own wrong answer into an infrastructure failure.
 
     executor = executors.make_executor(ToolConfig(backend="local", timeout_s=10))
     results = executor.run_batch(["print(1 + 1)", "import time; time.sleep(60)"])
@@ -22,6 +26,7 @@ import os
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -70,12 +75,14 @@ class ToolConfig:
   Attributes:
     backend: 'local' (bubblewrap sandbox) or 'sandbox_fusion' (HTTP service).
     timeout_s: wall-clock limit per program, seconds (the recipe uses 30).
-    memory_mb: address-space limit per process (local) or `memory_limit_MB` (SandboxFusion).
+    memory_mb: local: the address-space limit of each process and one memory cap on the whole sandbox (a
+      memory cgroup, where the host has one to use: `sandbox_memory.py`); SandboxFusion: `memory_limit_MB`.
     max_concurrency: programs running at once; None = number of CPU cores (local) or 32 (SandboxFusion).
     allow_unsandboxed: local backend only: when bubblewrap is missing, run programs without isolation (rlimits
       and a private temp dir only) instead of refusing. Never use this on a machine holding anything of value.
-    local_mode: local backend only: 'worker' (one long-lived sandbox per slot forks each program; needs root,
-      else falls back with a log line) or 'per_call' (a new bubblewrap sandbox and interpreter per program).
+    local_mode: local backend only: 'worker' (one long-lived sandbox per slot forks each program, as root or
+      as a normal user; falls back with a log line where no worker starts) or 'per_call' (a new bubblewrap
+      sandbox and interpreter per program).
     sandbox_fusion_url: full `/run_code` URL of a SandboxFusion server, e.g. 'http://localhost:8080/run_code'.
     max_output_bytes: bytes kept per stream (head and tail; the middle is dropped while reading).
     output_limit_bytes: a program writing more than this (both streams together) is killed.
@@ -186,57 +193,105 @@ def classify_exit(code: int | None, stderr: str) -> tuple[str, int | None, str]:
 
 @runtime_checkable
 class Executor(Protocol):
-  """Runs Python programs; thread-safe. Futures resolve to `ExecResult` and never raise."""
+  """Runs Python programs; thread-safe. Futures resolve to `ExecResult` and never raise.
 
-  def submit(self, code: str, *, stdin: str = "") -> concurrent.futures.Future[ExecResult]:
+  `output_limit_bytes`: None = the configured limits (a head and tail of `max_output_bytes` per stream kept,
+  killed beyond `output_limit_bytes`); a number = the whole output kept up to that many bytes (both streams
+  together), the program killed beyond it (test runs compare whole outputs).
+  """
+
+  def submit(self, code: str, *, stdin: str = "",
+             output_limit_bytes: int | None = None) -> concurrent.futures.Future[ExecResult]:
     ...
 
-  def run_batch(self, codes: Sequence[str], stdins: Sequence[str] | None = None) -> list[ExecResult]:
+  def run_batch(self, codes: Sequence[str], stdins: Sequence[str] | None = None, *,
+                output_limit_bytes: int | None = None) -> list[ExecResult]:
     ...
 
   def close(self) -> None:
     ...
 
 
+PROBE_CODE, PROBE_STDOUT = "print(6 * 7)", "42\n"
+
+
 class PoolExecutor:
-  """A bounded thread pool around a blocking `run_one(code, stdin) -> ExecResult`.
+  """A bounded thread pool around a blocking `run_one(code, stdin, **kw) -> ExecResult`.
 
   Both backends are this class with a different `run_one`: each worker thread blocks on one program (a child
   process or an HTTP request), so `max_concurrency` programs run at once and the rest queue.
   """
 
-  def __init__(self, run_one: Callable[[str, str], ExecResult], max_concurrency: int, name: str):
+  def __init__(self, run_one: Callable[..., ExecResult], max_concurrency: int, name: str):
     self._run_one = run_one
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix=name)
     self._closed = False
     self._lock = threading.Lock()
+    self._probe_lock = threading.Lock()
+    self._probe_started, self._probe_ok = -1.0, True
     self.max_concurrency = max_concurrency
 
-  def _guarded(self, code: str, stdin: str, *extra) -> ExecResult:
-    # A bug in a backend must not turn into an exception inside the caller's rollout loop.
+  def _attempt(self, code: str, stdin: str, start: float, **kw) -> ExecResult:
     try:
-      return self._run_one(code, stdin, *extra)
+      return self._run_one(code, stdin, **kw)
     except Exception as e:  # pylint: disable=broad-except
+      # A bug in a backend must not turn into an exception inside the caller's rollout loop.
       logger.exception("executor backend failed")
-      return ExecResult("sandbox_error", stderr=f"[sandbox] internal error: {type(e).__name__}: {e}")
+      return ExecResult("sandbox_error", stderr=f"[sandbox] internal error: {type(e).__name__}: {e}",
+                        wall_s=time.monotonic() - start)
 
-  def submit(self, code: str, *, stdin: str = "") -> concurrent.futures.Future[ExecResult]:
+  def _guarded(self, code: str, stdin: str, **kw) -> ExecResult:
+    start = time.monotonic()
+    result = self._attempt(code, stdin, start, **kw)
+    if result.status != "sandbox_error":
+      return result
+    # Once more: a transient failure (a loaded host) gives the program its run; one the program provokes (a
+    # worker it kills, output the host cannot process) happens again, and a probe then tells the two apart.
+    result = self._attempt(code, stdin, start, **kw)
+    if result.status != "sandbox_error" or not self.infrastructure_ok(time.monotonic()):
+      return result
+    return ExecResult("killed", result.stdout, with_note(result.stderr, "a probe program runs fine here, so this "
+                                                         "is the program's failure"), result.exit_code,
+                      time.monotonic() - start)
+
+  def infrastructure_ok(self, since: float) -> bool:
+    """Whether a probe program runs correctly, from a probe started at `since` or later (one probe at a time;
+    callers that failed while it ran share its answer)."""
+    with self._probe_lock:
+      if self._probe_started >= since:
+        return self._probe_ok
+      started = time.monotonic()
+      try:
+        r = self._run_one(PROBE_CODE, "")
+        ok = r.status == "ok" and r.stdout == PROBE_STDOUT
+      except Exception:  # pylint: disable=broad-except
+        ok = False
+      if not ok:
+        logger.warning("executor: a probe program failed; the infrastructure is broken")
+      self._probe_started, self._probe_ok = started, ok
+      return ok
+
+  def submit(self, code: str, *, stdin: str = "",
+             output_limit_bytes: int | None = None) -> concurrent.futures.Future[ExecResult]:
     """Queues one program; the future resolves to its `ExecResult`."""
     if not isinstance(code, str) or not isinstance(stdin, str):
       future: concurrent.futures.Future[ExecResult] = concurrent.futures.Future()
       future.set_result(ExecResult("error", stderr=f"code and stdin must be str, got {type(code).__name__} "
                                    f"and {type(stdin).__name__}"))
       return future
+    kw = {} if output_limit_bytes is None else {"output_limit_bytes": int(output_limit_bytes)}
     with self._lock:
       if self._closed:
         raise RuntimeError("executor is closed")
-      return self._pool.submit(self._guarded, code, stdin)
+      return self._pool.submit(self._guarded, code, stdin, **kw)
 
-  def run_batch(self, codes: Sequence[str], stdins: Sequence[str] | None = None) -> list[ExecResult]:
+  def run_batch(self, codes: Sequence[str], stdins: Sequence[str] | None = None, *,
+                output_limit_bytes: int | None = None) -> list[ExecResult]:
     """Runs programs concurrently (at most `max_concurrency` at once); results in input order."""
     if stdins is not None and len(stdins) != len(codes):
       raise ValueError(f"run_batch: {len(codes)} codes but {len(stdins)} stdins")
-    futures = [self.submit(c, stdin=stdins[i] if stdins is not None else "") for i, c in enumerate(codes)]
+    futures = [self.submit(c, stdin=stdins[i] if stdins is not None else "", output_limit_bytes=output_limit_bytes)
+               for i, c in enumerate(codes)]
     return [f.result() for f in futures]
 
   def close(self) -> None:

@@ -5,9 +5,11 @@ Not imported in the sandbox: its text is the first part of the harness program (
 Framing: a 4-byte big-endian length, then JSON. Values: JSON scalars (None, bool, int below 2**53, float, str)
 as themselves; everything else a list `[tag, ...]`: l list, t tuple, d dict (keys and values alternating), s set,
 f frozenset, i int (hex), b bytes / B bytearray (latin-1 text), c complex, R range, e Ellipsis, q Fraction,
-D Decimal, r a handle to an object of the solution's. Decoding builds fresh objects of the receiver's own types,
-bounded in size (`_MAX_MESSAGE`) and depth (`_MAX_DEPTH`). Requests `[op, handle, ...]`; replies
-`["ok", value(, copy_back)]`, `["missing"]` or `["exc", [class names of the MRO], message]`.
+D Decimal, r a handle to an object of the solution's; from S to T only: m a module (by name: T imports its own),
+x an exception class (by the names of its MRO: T makes or reuses a class of its own). Decoding builds fresh
+objects of the receiver's own types, bounded in size (`_MAX_MESSAGE`) and depth (`_MAX_DEPTH`). Requests
+`[op, handle, ...]`; replies `["ok", value(, copy_back)]`, `["missing"]` or `["exc", [class names of the MRO],
+message]`.
 """
 
 import json as _json
@@ -111,8 +113,9 @@ def _enc(x, handle, depth=0):
   return handle(x, depth)
 
 
-def _dec(x, remote, depth=0):
-  """Protocol data as fresh objects of this process's own types; `remote(handle_id)` rebuilds a handle."""
+def _dec(x, remote, depth=0, special=None):
+  """Protocol data as fresh objects of this process's own types; `remote(handle_id)` rebuilds a handle,
+  `special(tag, items)` a module or exception class (T only; elsewhere those tags are malformed)."""
   t = type(x)
   if t in _SCALARS:
     return x
@@ -120,15 +123,16 @@ def _dec(x, remote, depth=0):
     raise ValueError("malformed value")
   tag, items, d = x[0], x[1:], depth + 1
   if tag == "l":
-    return [_dec(v, remote, d) for v in items]
+    return [_dec(v, remote, d, special) for v in items]
   if tag in _IMMUTABLE_TAGS:
-    return _IMMUTABLE_TAGS[tag](_dec(v, remote, d) for v in items)
+    return _IMMUTABLE_TAGS[tag](_dec(v, remote, d, special) for v in items)
   if tag == "s":
-    return {_dec(v, remote, d) for v in items}
+    return {_dec(v, remote, d, special) for v in items}
   if tag == "d":
     if len(items) % 2:
       raise ValueError("malformed dict")
-    return {_dec(items[i], remote, d): _dec(items[i + 1], remote, d) for i in range(0, len(items), 2)}
+    return {_dec(items[i], remote, d, special): _dec(items[i + 1], remote, d, special)
+            for i in range(0, len(items), 2)}
   if tag == "i" and len(items) == 1 and type(items[0]) is str:
     return int(items[0], 16)
   if tag in ("b", "B") and len(items) == 1 and type(items[0]) is str:
@@ -148,6 +152,8 @@ def _dec(x, remote, depth=0):
     return decimal.Decimal(items[0])
   if tag == "r" and len(items) == 1 and type(items[0]) is int:
     return remote(items[0])
+  if tag in ("m", "x") and special is not None and items and all(type(v) is str for v in items):
+    return special(tag, items)
   raise ValueError(f"malformed value tag {tag!r}")
 
 

@@ -16,8 +16,12 @@ if __name__ != "__main__":  # imported (tests, tooling); in the sandbox the prot
 _INLINE_GLOBAL_BYTES = 1 << 20
 
 
-def _serve(solution, prefix, req_r, rep_w):
-  """Runs the solution and answers T's requests until T closes the pipe; never returns."""
+def _serve(solution, prefix, req_r, rep_w, script):
+  """Runs the solution and answers T's requests until T closes the pipe; never returns.
+
+  `script`: the solution runs as the script the test is appended to (`__name__ == "__main__"`, HumanEval's and
+  MBPP's way), else as the module `solution` a pytest file imports (its `__main__` demo block does not run).
+  """
   handles, objects = {}, {}
 
   def handle(obj, depth):
@@ -29,8 +33,13 @@ def _serve(solution, prefix, req_r, rep_w):
     return ["r", handles[key]]
 
   def data(x, depth=0):
-    # What a solution's value means as data: numpy scalars and arrays, subclasses of the plain types.
+    # What a solution's value means as data: numpy scalars and arrays, subclasses of the plain types; a module
+    # goes by its name and an exception class by its MRO's names (T uses its own module and class).
     t = type(x)
+    if t is type(_os):
+      return ["m", str(getattr(x, "__name__", ""))]
+    if isinstance(x, type) and issubclass(x, BaseException):
+      return ["x"] + [str(c.__name__) for c in x.__mro__]
     if t.__module__ == "numpy":
       if hasattr(x, "tolist") and hasattr(x, "dtype"):
         return _enc(x.tolist(), data, depth)
@@ -51,7 +60,7 @@ def _serve(solution, prefix, req_r, rep_w):
   def reply_exc(exc):
     _send(rep_w, ["exc", _mro_names(exc), _message(exc)])
 
-  g = {"__name__": "__main__", "__builtins__": _builtins, "__file__": "/tmp/main.py"}
+  g = {"__name__": "__main__" if script else "solution", "__builtins__": _builtins, "__file__": "/tmp/main.py"}
   try:
     if prefix:
       exec(compile(prefix, "<prefix>", "exec"), g)  # pylint: disable=exec-used
@@ -105,8 +114,6 @@ def _serve(solution, prefix, req_r, rep_w):
         result = bool(target)
       elif op == "iter":
         result = list(target)
-      elif op == "contains":
-        result = dec(req[2]) in target
       elif op == "str":
         result = str(target)
       elif op == "repr":
@@ -122,7 +129,7 @@ def _serve(solution, prefix, req_r, rep_w):
     _send(rep_w, ["ok", out, copy_back])
 
 
-def _start_solution(solution, prefix):
+def _start_solution(solution, prefix, script):
   """Forks S; returns (pid, request write fd, reply read fd)."""
   req_r, req_w = _os.pipe()
   rep_r, rep_w = _os.pipe()
@@ -135,7 +142,7 @@ def _start_solution(solution, prefix):
     _os.close(req_w)
     _os.close(rep_r)
     null = _os.open(_os.devnull, _os.O_RDONLY)
-    _os.dup2(null, 0)  # T's standard input (the nonce, the test) is T's alone
+    _os.dup2(null, 0)  # T's standard input (the key, the test) is T's alone
     _os.close(null)
     for name in _CATCHABLE:
       if hasattr(_signal, name):
@@ -148,5 +155,5 @@ def _start_solution(solution, prefix):
       _os.setresuid(65534, 65534, 65534)
   except BaseException:  # pylint: disable=broad-except
     _os._exit(70)
-  _serve(solution, prefix, req_r, rep_w)
+  _serve(solution, prefix, req_r, rep_w, script)
   _os._exit(0)

@@ -1,15 +1,16 @@
 """Local executor for untrusted, model-written Python: a fresh interpreter per call under bubblewrap.
 
 Each call gets new pid, network, ipc, uts (and, when possible, cgroup) namespaces and its own mount namespace: a
-read-only view of /usr, the Python installation and a few /etc files; a private tmpfs /tmp (the working
-directory) and /dev/shm; a fresh /proc showing only the sandbox's processes. bubblewrap and the child start
-with an EMPTY inherited environment; the child sees only the constants in `CHILD_ENV` (nothing of the caller's).
-Inside, a tiny launcher sets rlimits (address space, CPU seconds, processes, file size, open files, no core
-files) and, when we are root, drops to a random unprivileged uid so RLIMIT_NPROC applies (the kernel does not
-enforce it for root), then execs the program as pid 1 of the namespace. When pid 1 exits or is killed the kernel
-kills every other process of the namespace, daemons included, and the tmpfs goes with the mount namespace: a
-call leaves no process and no file behind. A wall-clock timeout SIGKILLs pid 1 (through a pidfd, so a reused pid
-is never hit) and bubblewrap; stdout/stderr are read while the program runs, keeping a bounded head and tail.
+read-only view of /usr, the Python installation and a few /etc files; a private tmpfs /tmp (the working directory) and
+/dev/shm; a fresh /proc showing only the sandbox's processes. bubblewrap and the child start with an EMPTY inherited
+environment; the child sees only the constants in `CHILD_ENV` (nothing of the caller's). Inside, a tiny launcher sets
+rlimits (address space, CPU seconds, processes, file size, open files, no core files) and, when we are root, drops to
+a random unprivileged uid so RLIMIT_NPROC applies (the kernel does not enforce it for root), then execs the program as
+pid 1 of the namespace. Where the host has a memory cgroup to use, the whole sandbox runs in one of its own, capped at
+`memory_mb` (`sandbox_memory.py`). When pid 1 exits or is killed the kernel kills every other process of the
+namespace, daemons included, and the tmpfs goes with the mount namespace: a call leaves no process and no file behind.
+A wall-clock timeout SIGKILLs pid 1 (through a pidfd, so a reused pid is never hit) and bubblewrap; stdout/stderr are
+read while the program runs, keeping a bounded head and tail.
 
     from agentrl_jax.tools import sandbox
     r = sandbox.run_python("print(sum(range(10)))", timeout_s=5, memory_mb=512)
@@ -18,7 +19,8 @@ is never hit) and bubblewrap; stdout/stderr are read while the program runs, kee
 `LocalExecutor` does this per call with `ToolConfig.local_mode='per_call'`. Its default, 'worker', keeps one
 long-lived sandbox per slot whose pid 1 forks each program, with the same isolation made per program
 (sandbox_worker.py): no bubblewrap and no interpreter start per call, 4-6x faster per call here
-(`python -m agentrl_jax.bench.sandbox`). It needs root; otherwise the executor runs per call and logs why.
+(`python -m agentrl_jax.bench.sandbox`). As root and as a normal user (the zygote then works in a user
+namespace of its own); where no worker starts, the executor runs per call and logs why.
 
 Requires bubblewrap (`apt-get install bubblewrap`; launch/setup.sh does it when root). Without it, calls return
 `sandbox_error` unless `ToolConfig.allow_unsandboxed` is set, which runs programs with rlimits only and warns.
@@ -40,7 +42,7 @@ import time
 import warnings
 from collections.abc import Callable
 
-from agentrl_jax.tools import sandbox_worker
+from agentrl_jax.tools import sandbox_memory, sandbox_worker
 from agentrl_jax.tools.base import ExecResult, PoolExecutor, ToolConfig, classify_exit, limit_result, with_note
 from agentrl_jax.tools.sandbox_worker import MAIN
 
@@ -130,7 +132,7 @@ class _Plan:
   prefix: tuple[str, ...]
   python: str
   bwrap_options: frozenset[str] = frozenset()
-  worker_prefix: tuple[str, ...] = ()  # bwrap-root only: a worker sandbox (sandbox_worker.py)
+  worker_prefix: tuple[str, ...] = ()  # a worker sandbox (sandbox_worker.py); () where there can be none
 
 
 def _plan(cfg: ToolConfig) -> _Plan | str:
@@ -171,6 +173,10 @@ def _plan(cfg: ToolConfig) -> _Plan | str:
         made.add(d)
         args += ["--perms", "0755", "--dir", d]
     args += ["--ro-bind", r, r]
+  # The sandbox's root is bubblewrap's own tmpfs, owned by the program's uid where bubblewrap runs without root:
+  # read-only, or a program could fill the host's memory with files (each below RLIMIT_FSIZE) outside the
+  # size-limited /tmp and /dev/shm.
+  args += ["--remount-ro", "/"]
   args += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
            "--hostname", "sandbox", "--die-with-parent", "--new-session", "--as-pid-1", "--chdir", WORKDIR,
            "--clearenv"]
@@ -184,8 +190,12 @@ def _plan(cfg: ToolConfig) -> _Plan | str:
     # As root bubblewrap keeps every capability unless told; keep only what the launcher needs to drop uid.
     args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     return _Plan("bwrap-root", tuple(args), python, opts, tuple(worker))
-  args += ["--unshare-user"] + (["--disable-userns"] if "--disable-userns" in opts else [])
-  return _Plan("bwrap-userns", tuple(args), python, opts)
+  args += ["--unshare-user"]
+  # A worker's zygote makes a user namespace of its own and then closes that door to its programs itself
+  # (sandbox_zygote.py); a per-call program has bubblewrap close it.
+  worker = [a for a in args if a != "--die-with-parent"]
+  args += ["--disable-userns"] if "--disable-userns" in opts else []
+  return _Plan("bwrap-userns", tuple(args), python, opts, tuple(worker))
 
 
 def run_python(code: str, *, timeout_s: float, memory_mb: int, stdin: str = "", cfg: ToolConfig | None = None,
@@ -216,7 +226,30 @@ def run_python(code: str, *, timeout_s: float, memory_mb: int, stdin: str = "", 
   return _run(plan, cfg, code, stdin, on_start)
 
 
+def _memory_group(plan: _Plan, cfg: ToolConfig) -> sandbox_memory.Cgroup | None:
+  """A cgroup capping the whole sandbox at `cfg.memory_mb` (None where cgroups are not available)."""
+  base = sandbox_memory.cgroup_base()
+  if plan.mode == "unsandboxed" or isinstance(base, str):
+    return None
+  try:
+    return base.create(cfg.memory_mb << 20)
+  except OSError as e:
+    logger.warning("sandbox: no memory cgroup for this call (%s); the limit is per process only", e)
+    return None
+
+
 def _run(plan: _Plan, cfg: ToolConfig, code: str, stdin: str, on_start: Callable[[dict], None] | None) -> ExecResult:
+  group = _memory_group(plan, cfg)
+  try:
+    result = _run_in(plan, cfg, code, stdin, on_start, group)
+    return sandbox_memory.after_oom(result, group.oom_kills(), cfg.memory_mb << 20) if group else result
+  finally:
+    if group is not None:
+      group.remove()
+
+
+def _run_in(plan: _Plan, cfg: ToolConfig, code: str, stdin: str, on_start: Callable[[dict], None] | None,
+            group: sandbox_memory.Cgroup | None) -> ExecResult:
   start = time.monotonic()
   deadline = start + cfg.timeout_s
   uid = sandbox_worker.random_uid() if plan.mode == "bwrap-root" else -1
@@ -246,6 +279,8 @@ def _run(plan: _Plan, cfg: ToolConfig, code: str, stdin: str, on_start: Callable
       cmd = [*plan.prefix, "--file", str(code_fd), MAIN, "--json-status-fd", str(status_w), "--",
              plan.python, "-I", "-S", "-c", _LAUNCHER, *limits, "--", plan.python, "-I", "-B", "-u", MAIN]
       popen_kw = {"env": {}, "pass_fds": (code_fd, status_w)}
+      if group is not None:
+        cmd = group.wrap(cmd)
     try:
       proc = subprocess.Popen(cmd, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               start_new_session=True, close_fds=True, **popen_kw)
@@ -254,7 +289,8 @@ def _run(plan: _Plan, cfg: ToolConfig, code: str, stdin: str, on_start: Callable
     if status_w >= 0:
       os.close(status_w)
       fds.remove(status_w)
-    return _supervise(proc, cfg, status_r, deadline, start, on_start)
+    watch = sandbox_memory.Watch(cfg.memory_mb << 20) if group is None else None
+    return _supervise(proc, cfg, status_r, deadline, start, on_start, watch)
   finally:
     for fd in fds:
       try:
@@ -266,11 +302,13 @@ def _run(plan: _Plan, cfg: ToolConfig, code: str, stdin: str, on_start: Callable
 
 
 def _supervise(proc: subprocess.Popen, cfg: ToolConfig, status_r: int, deadline: float, start: float,
-               on_start: Callable[[dict], None] | None) -> ExecResult:
-  """Reads output and status until the program ends, the deadline passes or the output limit is hit."""
+               on_start: Callable[[dict], None] | None, watch: sandbox_memory.Watch | None = None) -> ExecResult:
+  """Reads output and status until the program ends, the deadline passes, the output limit is hit or (without a
+  memory cgroup) `watch` finds the sandbox over its memory cap."""
   out, err = sandbox_worker.Capture(cfg.max_output_bytes), sandbox_worker.Capture(cfg.max_output_bytes)
   status_buf, records = b"", []
-  pidfd, timed_out, too_much = None, False, False
+  pidfd, timed_out, too_much, too_big = None, False, False, False
+  root_pid = proc.pid if status_r < 0 else None  # unsandboxed: the launcher; else bubblewrap's child, once known
   sel = selectors.DefaultSelector()
   sel.register(proc.stdout, selectors.EVENT_READ, out)
   sel.register(proc.stderr, selectors.EVENT_READ, err)
@@ -282,7 +320,7 @@ def _supervise(proc: subprocess.Popen, cfg: ToolConfig, status_r: int, deadline:
       if left <= 0:
         timed_out = True
         break
-      for key, _ in sel.select(timeout=min(left, 1.0)):
+      for key, _ in sel.select(timeout=min(left, 1.0 if watch is None else watch.interval_s)):
         data = os.read(key.fd, sandbox_worker.READ_CHUNK)
         if not data:
           sel.unregister(key.fileobj)
@@ -292,6 +330,7 @@ def _supervise(proc: subprocess.Popen, cfg: ToolConfig, status_r: int, deadline:
           for rec in new:
             records.append(rec)
             if "child-pid" in rec and pidfd is None:
+              root_pid = rec["child-pid"]
               try:
                 pidfd = os.pidfd_open(rec["child-pid"])
               except OSError:
@@ -303,7 +342,10 @@ def _supervise(proc: subprocess.Popen, cfg: ToolConfig, status_r: int, deadline:
       if out.total + err.total > cfg.output_limit_bytes:
         too_much = True
         break
-    if timed_out or too_much:
+      if watch is not None and watch.over(root_pid, time.monotonic()):
+        too_big = True
+        break
+    if timed_out or too_much or too_big:
       sandbox_worker.terminate(proc, pidfd)
     try:
       proc.wait(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
@@ -322,6 +364,8 @@ def _supervise(proc: subprocess.Popen, cfg: ToolConfig, status_r: int, deadline:
   limited = limit_result(cfg, stdout, stderr, wall, timed_out=timed_out, too_much=too_much)
   if limited is not None:
     return limited
+  if too_big:
+    return sandbox_memory.over_result(ExecResult("memory", stdout, stderr, None, wall), watch)
   if status_r < 0:  # unsandboxed: the interpreter's own exit status
     exit_code = proc.returncode
   else:
@@ -361,7 +405,7 @@ class LocalExecutor(PoolExecutor):
   """`Executor` running each program in its own sandbox, `cfg.concurrency` at a time.
 
   `cfg.local_mode='worker'` (default): one worker sandbox per slot forks each program (sandbox_worker.py); when
-  that is not possible here (not root, or a worker does not start), it logs why and runs per call instead.
+  that is not possible here (no bubblewrap, or a worker does not start), it logs why and runs per call instead.
   `local_mode` says which is in use: 'worker' or 'per_call'; `worker_unavailable` why worker mode is off.
   """
 
@@ -379,8 +423,8 @@ class LocalExecutor(PoolExecutor):
     self.worker_unavailable: str | None = None
     if cfg.local_mode == "worker":
       why = self.worker_unavailable = self._start_workers()
-      if why is not None:  # info when expected (not root), a warning when a worker failed
-        logger.log(logging.INFO if self._plan.mode != "bwrap-root" else logging.WARNING,
+      if why is not None:  # info when expected (no bubblewrap), a warning when a worker failed
+        logger.log(logging.INFO if not self._plan.worker_prefix else logging.WARNING,
                    "local code executor: %s; running one sandbox per call instead", why)
     self.local_mode = "worker" if self._workers is not None else "per_call"
     if self._workers is None:
@@ -393,13 +437,16 @@ class LocalExecutor(PoolExecutor):
 
   def _start_workers(self) -> str | None:
     """Starts the worker pool with a trivial program; returns why worker mode is unavailable, or None."""
-    if self._plan.mode != "bwrap-root":
-      return f"worker mode needs root and bubblewrap (the sandbox runs in {self._plan.mode} mode here)"
-    hidden = [r for r in _python_roots(self._plan.python) if r == WORKDIR or r.startswith((WORKDIR + "/", "/dev/shm/"))]
-    if hidden:  # a worker mounts each program's private /tmp over them (per-call sandboxes bind them on top)
-      return (f"the sandbox interpreter lives under {WORKDIR} ({hidden[0]}), which each program's private "
-              f"{WORKDIR} would hide")
-    workers = sandbox_worker.WorkerPool(self._plan.worker_prefix, self._plan.python, self.cfg, self.cfg.concurrency)
+    if not self._plan.worker_prefix:
+      return f"worker mode needs bubblewrap (the sandbox runs in {self._plan.mode} mode here)"
+    # Each program's private /tmp covers these; the zygote binds them back (per-call sandboxes bind them on top).
+    hidden = [r for r in _python_roots(self._plan.python) if r.startswith((WORKDIR + "/", "/dev/shm/"))]
+    if WORKDIR in _python_roots(self._plan.python):
+      return f"the sandbox interpreter lives in {WORKDIR} itself, which each program's private {WORKDIR} replaces"
+    memory = sandbox_memory.cgroup_base()
+    workers = sandbox_worker.WorkerPool(self._plan.worker_prefix, self._plan.python, self.cfg, self.cfg.concurrency,
+                                        root=self._plan.mode == "bwrap-root", roots=hidden,
+                                        memory=None if isinstance(memory, str) else memory)
     probe_cfg = dataclasses.replace(self.cfg, timeout_s=max(self.cfg.timeout_s, 30.0),
                                     memory_mb=max(self.cfg.memory_mb, 256))
     try:
@@ -414,16 +461,19 @@ class LocalExecutor(PoolExecutor):
     self._workers = workers
     return None
 
-  def _run_call(self, code: str, stdin: str, on_start: Callable[[dict], None] | None = None) -> ExecResult:
+  def _run_call(self, code: str, stdin: str, on_start: Callable[[dict], None] | None = None,
+                output_limit_bytes: int | None = None) -> ExecResult:
+    cfg = self.cfg if output_limit_bytes is None else dataclasses.replace(
+        self.cfg, max_output_bytes=output_limit_bytes, output_limit_bytes=output_limit_bytes)
     if self._workers is not None:
       try:
-        return self._workers.run(code, stdin, on_start=on_start)
+        return self._workers.run(code, stdin, cfg=cfg, on_start=on_start)
       except sandbox_worker.WorkerError as e:
         if not self._warned_worker:
           self._warned_worker = True
           logger.warning("local code executor: a sandbox worker did not start (%s); running this call (and "
                          "others that hit this) in a sandbox of its own", e)
-    return _run(self._plan, self.cfg, code, stdin, on_start)
+    return _run(self._plan, cfg, code, stdin, on_start)
 
   def run(self, code: str, *, stdin: str = "", on_start: Callable[[dict], None] | None = None) -> ExecResult:
     """Runs one program on a pool thread and waits for it.
@@ -440,7 +490,7 @@ class LocalExecutor(PoolExecutor):
     with self._lock:
       if self._closed:
         raise RuntimeError("executor is closed")
-      future = self._pool.submit(self._guarded, code, stdin, on_start)
+      future = self._pool.submit(self._guarded, code, stdin, on_start=on_start)
     return future.result()
 
   def zygote_pids(self) -> list[int]:

@@ -13,6 +13,8 @@ Contract (sandbox/server/sandbox_api.py of SandboxFusion):
 
 from __future__ import annotations
 
+import dataclasses
+
 import http.client
 import json
 import logging
@@ -115,4 +117,9 @@ class SandboxFusionExecutor(PoolExecutor):
     if cfg.backend != "sandbox_fusion":
       raise ValueError(f"SandboxFusionExecutor needs ToolConfig.backend='sandbox_fusion', got {cfg.backend!r}")
     self.cfg = cfg
-    super().__init__(lambda code, stdin: run_code(code, stdin, cfg), cfg.concurrency, "sandbox_fusion")
+    def run_one(code: str, stdin: str, output_limit_bytes: int | None = None) -> ExecResult:
+      limited = cfg if output_limit_bytes is None else dataclasses.replace(
+          cfg, max_output_bytes=output_limit_bytes, output_limit_bytes=output_limit_bytes)
+      return run_code(code, stdin, limited)
+
+    super().__init__(run_one, cfg.concurrency, "sandbox_fusion")

@@ -11,8 +11,9 @@ parent-death signal, CHILD_ENV only. Shared by the programs of one worker, one a
 Supervision stays on the host as in per-call mode: the host creates the output pipes and the code/stdin memfds,
 passes them over a unix socket (SCM_RIGHTS), reads a bounded head and tail while the program runs, and on a
 wall-clock timeout or the output limit tells the zygote to kill. A worker that dies or stops answering is
-killed and replaced; a call it had not started yet is retried once on a fresh worker, one it had returns
-`sandbox_error` (or `timeout`). Nothing here raises for anything a program does.
+killed and replaced; a call it had not started yet (gone, or hung for the call's whole timeout) is retried once
+on a fresh worker, one it had returns `sandbox_error` (or `timeout`), which the executor keeps only if a probe
+program fails too (`base.PoolExecutor`). Nothing here raises for anything a program does.
 
 This module also holds the process helpers both modes use (`Capture`, `memfd`, `terminate`, `parse_status`).
 """
@@ -33,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from agentrl_jax.tools import sandbox_memory
 from agentrl_jax.tools.base import ExecResult, ToolConfig, classify_exit, limit_result, with_note
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ READ_CHUNK = 65536
 # so RLIMIT_NPROC (counted per uid) of concurrent calls does not add up.
 UID_BASE, UID_SPAN = 1_700_000_000, 1 << 24
 _START_TIMEOUT_S = 30.0  # bubblewrap + interpreter start-up, generous for a loaded machine
+_START_MEMORY = 256 << 20  # a worker's cap while its zygote starts (then: the zygote's own + the program's)
 _KILL_GRACE_S = 5.0  # a killed program's namespace is gone long before this, or the worker is broken
 _ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_zygote.py")
 
@@ -156,11 +159,14 @@ class _Call:
 class _Worker:
   """One worker sandbox and its control socket; one program at a time."""
 
-  def __init__(self, prefix: tuple[str, ...], python: str):
+  def __init__(self, prefix: tuple[str, ...], python: str, memory: sandbox_memory.Base | None = None):
     self.proc: subprocess.Popen | None = None
     self.pidfd: int | None = None
     self.zygote_pid: int | None = None  # host pid of the zygote (bubblewrap's child)
     self.healthy = True
+    # The whole worker's cgroup: its program's cap plus what the idle zygote holds (`baseline`).
+    self.group = memory.create(_START_MEMORY) if memory is not None else None
+    self.baseline = 0
     self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     self.status_r, status_w = os.pipe()
     with open(_ZYGOTE, "rb") as f:
@@ -168,6 +174,8 @@ class _Worker:
     try:
       cmd = [*prefix, "--file", str(src_fd), MAIN, "--json-status-fd", str(status_w), "--", python, "-I", "-B", "-u",
              MAIN]
+      if self.group is not None:
+        cmd = self.group.wrap(cmd)
       self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    env={}, pass_fds=(src_fd, status_w, child.fileno()), start_new_session=True)
     except OSError as e:
@@ -179,6 +187,8 @@ class _Worker:
       child.close()
     try:
       self._handshake()
+      if self.group is not None:
+        self.baseline = self.group.usage()
     except BaseException:
       self.kill()
       raise
@@ -248,6 +258,9 @@ class _Worker:
         except OSError:
           pass
     self.status_r = self.pidfd = None
+    if self.group is not None:
+      self.group.remove()
+      self.group = None
 
   def run(self, code: bytes, stdin: bytes, job: bytes, cfg: ToolConfig, start: float, deadline: float,
           on_start: Callable[[dict], None] | None) -> ExecResult | None:
@@ -255,6 +268,20 @@ class _Worker:
     if not self.alive():
       self.healthy = False
       return None
+    kills = 0
+    if self.group is not None:
+      try:
+        self.group.set_limit(self.baseline + (cfg.memory_mb << 20))
+        kills = self.group.oom_kills()
+      except OSError as e:
+        logger.warning("sandbox worker: memory cap not set (%s)", e)
+    result = self._run(code, stdin, job, cfg, start, deadline, on_start)
+    if result is not None and self.group is not None:
+      result = sandbox_memory.after_oom(result, self.group.oom_kills() - kills, cfg.memory_mb << 20)
+    return result
+
+  def _run(self, code: bytes, stdin: bytes, job: bytes, cfg: ToolConfig, start: float, deadline: float,
+           on_start: Callable[[dict], None] | None) -> ExecResult | None:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
@@ -271,7 +298,8 @@ class _Worker:
         for fd in fds:
           os.close(fd)  # the zygote holds its own copies now: EOF comes when the program's processes are gone
       call = _Call(Capture(cfg.max_output_bytes), Capture(cfg.max_output_bytes))
-      timed_out, too_much = self._supervise(call, out_r, err_r, cfg, deadline, on_start)
+      watch = sandbox_memory.Watch(cfg.memory_mb << 20) if self.group is None else None
+      timed_out, too_much, too_big = self._supervise(call, out_r, err_r, cfg, deadline, on_start, watch)
     finally:
       os.close(out_r)
       os.close(err_r)
@@ -279,11 +307,13 @@ class _Worker:
     stdout, stderr = call.out.text(), call.err.text()
     if timed_out and not call.started:
       self.healthy = False
-      return ExecResult("sandbox_error", stdout, with_note(stderr, "the sandbox worker did not start the program in "
-                                                           f"{cfg.timeout_s:g} s; it was replaced"), None, wall)
+      logger.warning("a sandbox worker did not start a program in %g s; it is replaced", cfg.timeout_s)
+      return None  # the program never ran: the pool runs it on a fresh worker
     limited = limit_result(cfg, stdout, stderr, wall, timed_out=timed_out, too_much=too_much)
     if limited is not None:
       return limited
+    if too_big:
+      return sandbox_memory.over_result(ExecResult("memory", stdout, stderr, None, wall), watch)
     if call.error is not None:
       self.healthy = False  # its `exit` is still to come: do not reuse the socket
       return ExecResult("sandbox_error", stdout, with_note(stderr, f"the sandbox could not run the program: "
@@ -298,10 +328,12 @@ class _Worker:
     return ExecResult(status, stdout, stderr, exit_code, wall)
 
   def _supervise(self, call: _Call, out_r: int, err_r: int, cfg: ToolConfig, deadline: float,
-                 on_start: Callable[[dict], None] | None) -> tuple[bool, bool]:
-    """Reads output and control messages until the program ends, the deadline passes or the output limit is
-    hit; then kills or drains. Returns (timed_out, too_much)."""
-    timed_out = too_much = False
+                 on_start: Callable[[dict], None] | None,
+                 watch: sandbox_memory.Watch | None = None) -> tuple[bool, bool, bool]:
+    """Reads output and control messages until the program ends, the deadline passes, the output limit is hit
+    or (without a memory cgroup) `watch` finds the program's processes over the cap; then kills or drains.
+    Returns (timed_out, too_much, too_big)."""
+    timed_out = too_much = too_big = False
     sel = selectors.DefaultSelector()
     sel.register(out_r, selectors.EVENT_READ, call.out)
     sel.register(err_r, selectors.EVENT_READ, call.err)
@@ -312,7 +344,7 @@ class _Worker:
         if left <= 0:
           timed_out = True
           break
-        for key, _ in sel.select(timeout=min(left, 1.0)):
+        for key, _ in sel.select(timeout=min(left, 1.0 if watch is None else watch.interval_s)):
           if key.data is None:
             self._on_message(call, on_start)
             continue
@@ -324,11 +356,15 @@ class _Worker:
         if call.out.total + call.err.total > cfg.output_limit_bytes:
           too_much = True
           break
+        # The zygote's children are the keepers: their trees are the program's processes (and a keeper each).
+        if watch is not None and watch.over(self.zygote_pid, time.monotonic(), include_root=False):
+          too_big = True
+          break
     finally:
       sel.close()
-    if timed_out or too_much:
+    if timed_out or too_much or too_big:
       self._kill_program(call)
-      return timed_out, too_much
+      return timed_out, too_much, too_big
     if call.exit_code is not None:
       # Every writer is gone by now (the zygote reports after the last process of the namespace): the rest of
       # the output is in the pipes. Non-blocking, should a descriptor have leaked somewhere.
@@ -340,7 +376,7 @@ class _Worker:
         except BlockingIOError:
           pass
       too_much = call.out.total + call.err.total > cfg.output_limit_bytes
-    return False, too_much
+    return False, too_much, False
 
   def _on_message(self, call: _Call, on_start: Callable[[dict], None] | None) -> None:
     try:
@@ -388,8 +424,13 @@ class WorkerPool:
   killed or its control socket closes (this process exits): its zygote then exits, and the kernel takes
   every process of its namespaces with it."""
 
-  def __init__(self, prefix: tuple[str, ...], python: str, cfg: ToolConfig, size: int):
+  def __init__(self, prefix: tuple[str, ...], python: str, cfg: ToolConfig, size: int, *, root: bool = True,
+               roots: list[str] | tuple[str, ...] = (), memory: sandbox_memory.Base | None = None):
+    """`root`: programs run as random uids (else as the user's own); `roots`: the interpreter's directories
+    under /tmp or /dev/shm, bound back over each program's private tmpfs; `memory`: where each worker's
+    memory cgroup goes (None: the cap is per process only)."""
     self._prefix, self._python, self.cfg, self._size = prefix, python, cfg, size
+    self._root, self._roots, self._memory = root, tuple(roots), memory
     self._idle: list[_Worker] = []
     self._count = 0
     self._cv = threading.Condition()
@@ -409,7 +450,9 @@ class WorkerPool:
     stdin_b = stdin.encode("utf-8", errors="surrogatepass")
     tmpfs = cfg.max_file_mb << 20
     for _ in range(2):
-      job = " ".join(map(str, ["run", random_uid(), *limits(cfg), tmpfs])).encode()
+      uid = random_uid() if self._root else -1
+      job = b"\0".join([" ".join(map(str, ["run", uid, *limits(cfg), tmpfs])).encode(),
+                         *(os.fsencode(r) for r in self._roots)])
       worker = self._acquire()
       try:
         result = worker.run(code_b, stdin_b, job, cfg, start, time.monotonic() + cfg.timeout_s, on_start)
@@ -442,7 +485,7 @@ class WorkerPool:
       for worker in dead:
         worker.kill()
     try:
-      return _Worker(self._prefix, self._python)
+      return _Worker(self._prefix, self._python, self._memory)
     except BaseException:
       with self._cv:
         self._count -= 1

@@ -1,14 +1,22 @@
 """Fork server run as pid 1 of a worker sandbox: one fresh, isolated, unprivileged process per program.
 
 Not imported: `sandbox_worker.py` runs this file inside bubblewrap as `python -I -B -u /tmp/main.py`, the very
-command line a program has in per-call mode, holding only CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID, CAP_SETPCAP and
-CAP_KILL; its one descriptor above 2 is a unix SOCK_SEQPACKET socket to the host. Standard library only, and
-nothing it imports or defines is visible to a program (see `_prepare_main`).
+command line a program has in per-call mode; its one descriptor above 2 is a unix SOCK_SEQPACKET socket to the
+host. Standard library only, and nothing it imports or defines is visible to a program (see `_prepare_main`).
 
-Protocol (one job at a time). Host -> zygote: `run UID AS CPU NPROC FSIZE NOFILE TMPFS` with descriptors
-[code memfd, stdout, stderr(, stdin memfd)]; `kill`. Zygote -> host: `ready`; `start PIDNS` (the program's pid
-namespace inode); `exit CODE` (the program's exit code, 128 + N for signal N, as bubblewrap reports it);
-`error TEXT` (setup failed; the program did not run).
+Two ways to hold the capabilities it needs. As root: bubblewrap keeps CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID,
+CAP_SETPCAP and CAP_KILL for it, and each program runs as a uid of its own. As a normal user (bubblewrap in a
+user namespace, no capability left): the zygote first makes a user namespace of its own, where it holds every
+capability over that namespace's mounts and pids and nothing outside, and sets that namespace's
+max_user_namespaces to 0, so no program can make one (bubblewrap's --disable-userns, per call). There is one
+uid to run as, the user's own, as in per-call mode; each program still gets its own mount, pid and ipc
+namespaces and no capability.
+
+Protocol (one job at a time). Host -> zygote: `run UID AS CPU NPROC FSIZE NOFILE TMPFS[\0ROOT...]` with
+descriptors [code memfd, stdout, stderr(, stdin memfd)] (UID -1: keep the uid; ROOT: a directory of the
+interpreter under /tmp or /dev/shm, bound back over the program's private tmpfs); `kill`. Zygote -> host:
+`ready`; `start PIDNS` (the program's pid namespace inode); `exit CODE` (the program's exit code, 128 + N for
+signal N, as bubblewrap reports it); `error TEXT` (setup failed; the program did not run).
 
 Per job three processes, each forked from the one before:
   zygote   forks a keeper per job, relays `kill` to the newest as SIGUSR1, reaps them (pidfds).
@@ -37,8 +45,10 @@ import stat  # pylint: disable=wrong-import-position
 import _signal  # pylint: disable=wrong-import-position
 import _socket  # pylint: disable=wrong-import-position
 
-_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWPID = 0x20000, 0x8000000, 0x20000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWPID, _CLONE_NEWUSER = 0x20000, 0x8000000, 0x20000000, 0x10000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 1, 2, 4, 8, 32, 4096
+_MS_REC, _MS_PRIVATE = 1 << 14, 1 << 18
+_CAP_SYS_ADMIN = 21
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP = 1, 4, 24
 _CAP_SETPCAP, _CAPABILITY_VERSION_3 = 8, 0x20080522
 _SETUP_FAILED = 71  # exit code of a keeper or program whose setup failed (after an `error` message)
@@ -74,7 +84,7 @@ def _send(sock, text):
 
 def _recv(sock):
   """One message and the descriptors that came with it; b'' when the host is gone."""
-  msg, anc, _, _ = sock.recvmsg(1024, _socket.CMSG_SPACE(8 * 4))
+  msg, anc, _, _ = sock.recvmsg(65536, _socket.CMSG_SPACE(8 * 4))
   fds = []
   for level, kind, data in anc:
     if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
@@ -93,10 +103,12 @@ class _Job:
   """A parsed `run` message."""
 
   def __init__(self, msg, fds):
-    fields = [int(x) for x in msg.split()[1:]]
-    if len(fields) != 7 or len(fds) not in (3, 4):
+    head, *roots = msg.split(b"\0")
+    fields = [int(x) for x in head.split()[1:]]
+    if len(fields) != 7 or len(fds) not in (3, 4) or not all(r.startswith((b"/tmp/", b"/dev/shm/")) for r in roots):
       raise ValueError(f"malformed job {msg[:100]!r} with {len(fds)} descriptors")
     self.uid, self.mem, self.cpu, self.nproc, self.fsize, self.nofile, self.tmpfs = fields
+    self.roots = roots
     self.fds = fds
     self.code, self.stdout, self.stderr = fds[:3]
     self.stdin = fds[3] if len(fds) == 4 else None
@@ -171,9 +183,14 @@ def _keeper(sock, job):
     # The keeper stays in the worker's pid namespace; its next child is pid 1 of the new one.
     _ok(_unshare(_CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC), "unshare")
     _ok(_mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make mounts private")
+    # The interpreter's directories under /tmp (a checkout there) stay reachable through descriptors while the
+    # private tmpfs covers them, then are bound back, read-only, as per-call sandboxes bind them.
+    roots = [(root, os.open(root, os.O_PATH | os.O_DIRECTORY)) for root in job.roots]
     for path in (b"/tmp", b"/dev/shm"):
       _ok(_mount(b"tmpfs", path, b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=1777,size=%d" % job.tmpfs),
           f"mount tmpfs on {path.decode()}")
+    for root, fd in roots:
+      _bind_back(root, fd)
     program = os.fork()
   except Exception as e:  # pylint: disable=broad-except
     _fail(sock, "keeper", e)
@@ -195,14 +212,30 @@ def _keeper(sock, job):
     _fail(sock, "keeper", e)
 
 
+def _bind_back(root, fd):
+  parent = b"/"
+  for part in root.strip(b"/").split(b"/"):
+    parent = os.path.join(parent, part)
+    if not os.path.isdir(parent):
+      os.mkdir(parent)
+      os.chmod(parent, 0o755)
+  _ok(_mount(b"/proc/self/fd/%d" % fd, root, None, _MS_BIND | _MS_REC, None), f"bind {root.decode()}")
+  os.close(fd)
+  if _mount(None, root, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None) != 0 and not (
+      os.statvfs(root).f_flag & os.ST_RDONLY):
+    raise PermissionError(f"{root.decode()} could not be made read-only")
+
+
 def _drop_privileges(uid):
   # Empty bounding set first (needs CAP_SETPCAP, dropped last), then the uid: setresuid clears the effective
-  # and permitted sets, capset the inheritable one. no_new_privs is inherited from bubblewrap.
+  # and permitted sets, capset the inheritable one (and, keeping the uid, all of them). no_new_privs is
+  # inherited from bubblewrap.
   for cap in sorted(range(_CAP_LAST + 1), key=lambda c: c == _CAP_SETPCAP):
     _ok(_prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap}")
-  os.setgroups([])
-  os.setresgid(uid, uid, uid)
-  os.setresuid(uid, uid, uid)
+  if uid >= 0:
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
   header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
   _ok(_capset(header, (ctypes.c_uint32 * 6)()), "capset")
   # A uid change clears the parent-death signal and makes /proc/self root's; exec would undo the latter.
@@ -210,8 +243,24 @@ def _drop_privileges(uid):
   _ok(_prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "PR_SET_DUMPABLE")
   with open("/proc/self/status", encoding="ascii") as f:
     caps = [line.split() for line in f if line.startswith("Cap")]
-  if any(int(value, 16) for _, value in caps) or os.getuid() != uid:
+  if any(int(value, 16) for _, value in caps) or (uid >= 0 and os.getuid() != uid):
     raise PermissionError(f"privileges were not dropped: uid {os.getuid()}, {caps}")
+
+
+def _own_user_namespace():
+  """Without CAP_SYS_ADMIN (bubblewrap in a user namespace): a user namespace of the zygote's own mapping only
+  its uid, with every capability over the namespaces it makes next, and none for the programs to make."""
+  with open("/proc/self/status", encoding="ascii") as f:
+    effective = int(next(line for line in f if line.startswith("CapEff:")).split()[1], 16)
+  if effective >> _CAP_SYS_ADMIN & 1:
+    return
+  uid, gid = os.getuid(), os.getgid()
+  _ok(_unshare(_CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+  for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+    with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
+      f.write(text)
+  with open("/proc/sys/user/max_user_namespaces", "w", encoding="ascii") as f:
+    f.write("0")
 
 
 def _program(sock, job):
@@ -336,6 +385,7 @@ def _main():
   try:
     with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as f:
       _CAP_LAST = int(f.read())
+    _own_user_namespace()
     # SIGUSR1 means "kill your program" to a keeper only; blocked until the keeper has its handler.
     _BOOT_SIGMASK = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGUSR1})
     try:

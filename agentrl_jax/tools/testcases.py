@@ -18,10 +18,14 @@ Also accepted: {"ground_truth": <suite>} and LiveCodeBench's list of {"input", "
 "test_cases" (with "fn_name" / "func_name" for functional ones).
 
 In the stdin and functional forms the expected outputs never enter the sandbox: the host compares what the
-program printed, as data of its own (decoded JSON), so no exit or hook inside the program can pass a test. A run
-the sandbox could not carry out (`sandbox_error`), a verdict that the test cannot run here (malformed) or that
-the harness cannot run it (unsupported, harness_error) is an infrastructure outcome: `SuiteReport.infra` names
-it, and the suite's score is not the solution's.
+program printed, as data of its own (decoded JSON), so no exit or hook inside the program can pass a test. The
+comparison is total: whatever the program prints (10**400, a list nested 10,000 deep, a number of 100,000
+digits, undecodable JSON) it ends in pass or wrong, never in an exception. Test runs keep their whole output up
+to a cap far above any expected output (`output_cap`: 16 MiB, or 4x the largest expected output), not the head
+and tail a tool call shows the model. A run the sandbox could not carry out (`sandbox_error`: the executor
+showed its infrastructure broken), a verdict that the test cannot run here (malformed) or that the harness
+cannot run it (unsupported, harness_error) is an infrastructure outcome: `SuiteReport.infra` names it, and the
+suite's score is not the solution's.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from agentrl_jax.tools import assert_tests
 from agentrl_jax.tools.base import ExecResult, Executor
 
 KINDS = ("stdin", "functional", "assert")
+OUTPUT_CAP_BYTES = 16 << 20  # at least this much of a test run's output is kept whole (see `output_cap`)
 # What LiveCodeBench prepends to call-based solutions (starter code relies on typing names and the stdlib).
 FUNCTIONAL_PREFIX = (
     "from typing import *\nfrom collections import *\nfrom functools import *\nfrom itertools import *\n"
@@ -117,7 +122,7 @@ class SuiteReport:
 def _json_or_value(value: Any) -> Any:
   if isinstance(value, str):
     try:
-      return json.loads(value)
+      return loads(value)
     except ValueError:
       return value
   return value
@@ -127,7 +132,7 @@ def _functional_args(value: Any) -> list:
   if isinstance(value, str):
     lines = [line for line in value.split("\n") if line.strip()]
     try:
-      return [json.loads(line) for line in lines]
+      return [loads(line) for line in lines]
     except ValueError:
       return [value]
   if isinstance(value, (list, tuple)):
@@ -146,7 +151,7 @@ def parse_suite(ground_truth: Any) -> TestSuite:
     gt = gt.decode("utf-8", errors="replace")
   if isinstance(gt, str):
     try:
-      gt = json.loads(gt)
+      gt = loads(gt)
     except ValueError as e:
       raise ValueError(f"code ground truth is not JSON: {e}") from None
   if isinstance(gt, Mapping) and "ground_truth" in gt and not ({"inputs", "test_code", "test"} & set(gt)):
@@ -199,6 +204,8 @@ def _functional_program(solution: str, suite: TestSuite, args: list, nonce: str)
   return (f"{FUNCTIONAL_PREFIX}{suite.import_prefix}\n{solution}\n\n"
           f"def __agentrl_call():\n"
           f"  import json as _json, sys as _sys\n"
+          f"  if hasattr(_sys, 'set_int_max_str_digits'):\n"
+          f"    _sys.set_int_max_str_digits(0)  # arguments and results of more than 4,300 digits\n"
           f"  _args = _json.loads({json.dumps(args)!r})\n"
           f"  _g = globals()\n"
           f"  if 'Solution' in _g and hasattr(_g['Solution'], {suite.fn_name!r}):\n"
@@ -241,26 +248,67 @@ def stdout_matches(actual: str, expected: str) -> bool:
   return True
 
 
-def _normalise(value: Any) -> Any:
-  if isinstance(value, tuple):
-    return [_normalise(v) for v in value]
-  if isinstance(value, list):
-    return [_normalise(v) for v in value]
-  if isinstance(value, dict):
-    return {str(k): _normalise(v) for k, v in value.items()}
-  return value
+def _numbers_match(actual: int | float, expected: int | float) -> bool:
+  if isinstance(actual, int) and isinstance(expected, int):
+    return actual == expected  # exact, however large
+  try:
+    return math.isclose(actual, expected, rel_tol=1e-9, abs_tol=1e-9)
+  except OverflowError:  # an int beyond any float: equal to no float
+    return False
+
+
+def _match(actual: Any, expected: Any) -> bool:
+  """`values_match` without the guard: iterative over the expected value's structure (the actual one may be
+  arbitrarily deep; it is only walked as far as the expected one goes)."""
+  stack = [(actual, expected)]
+  while stack:
+    a, e = stack.pop()
+    if isinstance(a, tuple):
+      a = list(a)
+    if isinstance(e, tuple):
+      e = list(e)
+    if isinstance(a, (int, float)) and isinstance(e, (int, float)):
+      if not _numbers_match(a, e):
+        return False
+    elif isinstance(a, list) and isinstance(e, list):
+      if len(a) != len(e):
+        return False
+      stack.extend(zip(a, e))
+    elif isinstance(a, dict) and isinstance(e, dict):
+      a = {str(k): v for k, v in a.items()}
+      e = {str(k): v for k, v in e.items()}
+      if a.keys() != e.keys():
+        return False
+      stack.extend((a[k], e[k]) for k in e)
+    elif type(a) in (list, dict) or type(e) in (list, dict) or a != e:
+      return False
+  return True
 
 
 def values_match(actual: Any, expected: Any) -> bool:
-  """Return-value check: equal after tuple->list; floats within 1e-9 (relative) or 1e-9 (absolute)."""
-  actual, expected = _normalise(actual), _normalise(expected)
-  if isinstance(actual, (int, float)) and isinstance(expected, (int, float)):
-    return math.isclose(actual, expected, rel_tol=1e-9, abs_tol=1e-9)
-  if isinstance(actual, list) and isinstance(expected, list):
-    return len(actual) == len(expected) and all(values_match(a, e) for a, e in zip(actual, expected))
-  if isinstance(actual, dict) and isinstance(expected, dict):
-    return actual.keys() == expected.keys() and all(values_match(actual[k], expected[k]) for k in actual)
-  return actual == expected
+  """Return-value check: equal after tuple->list and str dict keys; ints exactly, floats within 1e-9 (relative)
+  or 1e-9 (absolute). Total: any value a program can print compares (False rather than an exception)."""
+  try:
+    return _match(actual, expected)
+  except (RecursionError, OverflowError, ValueError, TypeError, MemoryError):
+    return False
+
+
+def _parse_int(text: str) -> int:
+  """json's `parse_int` without the interpreter's 4,300-digit limit on int(str)."""
+  try:
+    return int(text)
+  except ValueError:
+    return int(decimal.Decimal(text))
+
+
+def loads(text: str) -> Any:
+  """`json.loads` for program output and ground truth: big integers allowed; raises ValueError for anything
+  it cannot decode (too deep included)."""
+  try:
+    return json.loads(text, parse_int=_parse_int)
+  except (RecursionError, MemoryError, OverflowError, decimal.InvalidOperation) as e:
+    raise ValueError(f"undecodable JSON: {type(e).__name__}") from None
 
 
 def _functional_ok(result: ExecResult, nonce: str, expected: Any) -> bool:
@@ -268,12 +316,31 @@ def _functional_ok(result: ExecResult, nonce: str, expected: Any) -> bool:
   if not lines:
     return False
   try:
-    got = json.loads(lines[-1][len(nonce):])
+    got = loads(lines[-1][len(nonce):])
   except ValueError:
     return False
   # APPS stores a call-based output as a one-element list around the value.
   return values_match(got, expected) or (isinstance(expected, list) and len(expected) == 1
                                          and values_match(got, expected[0]))
+
+
+def _json_size(value: Any) -> int:
+  try:
+    return len(json.dumps(value, default=repr))
+  except (ValueError, TypeError, RecursionError):  # an int beyond the interpreter's str() limit, say
+    return 0
+
+
+def output_cap(suite: TestSuite) -> int:
+  """Bytes of a test run's output kept whole (the program is killed beyond): `OUTPUT_CAP_BYTES`, or 4x the
+  largest expected output where that is more."""
+  if suite.kind == "stdin":
+    largest = max((len(str(o).encode("utf-8", "surrogatepass")) for o in suite.outputs), default=0)
+  elif suite.kind == "functional":
+    largest = max((_json_size(o) for o in suite.outputs), default=0)
+  else:
+    largest = 0
+  return max(OUTPUT_CAP_BYTES, 4 * largest)
 
 
 def run_suite(solution: str, suite: TestSuite, executor: Executor) -> SuiteReport:
@@ -299,7 +366,7 @@ def run_suite(solution: str, suite: TestSuite, executor: Executor) -> SuiteRepor
     runs = [assert_tests.program_for(solution, suite.import_prefix, code, target, suite.entry_point)
             for code, target in zip(suite.tests, suite.targets)]
     codes, stdins, nonces = [r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs]
-  results = executor.run_batch(codes, stdins)
+  results = executor.run_batch(codes, stdins, output_limit_bytes=output_cap(suite))
   outcomes, first, infra = [], "", ""
   for i, r in enumerate(results):
     detail = ""

@@ -7,14 +7,14 @@ import pytest
 from agentrl_jax.bench import sandbox as bench_sandbox
 from agentrl_jax.tools import sandbox
 from agentrl_jax.tools.base import ToolConfig
-from tests.tools.sandbox_testing import needs_bwrap
+from tests.tools.sandbox_testing import missing, needs_bwrap
 
 
 @needs_bwrap
 def test_bench_sandbox_prints_one_json_line(capsys):
   with sandbox.LocalExecutor(ToolConfig(timeout_s=5.0, memory_mb=512, max_concurrency=1)) as probe:
     if probe.local_mode != "worker":  # the benchmark compares both modes and says why it cannot
-      pytest.skip(f"worker mode is not available here: {probe.worker_unavailable}")
+      missing(f"worker mode is not available here: {probe.worker_unavailable}")
   bench_sandbox.main(["--calls", "4", "--serial", "2", "--rounds", "1", "--concurrency", "2"])
   lines = capsys.readouterr().out.strip().splitlines()
   assert len(lines) == 1

@@ -45,11 +45,31 @@ def test_compute_score_dispatches_and_contains_scorer_crashes():
   rewards.register("exploding", exploding)
   try:
     r = compute_score("x", "y", "z", cfg=RewardConfig(default_kind="exploding"))
-    assert r.score == 0.0 and "scorer bug" in r.info
+    assert (r.score, r.failure) == (0.0, "scorer") and "scorer bug" in r.info
     with pytest.raises(ValueError, match="already registered"):
       rewards.register("exploding", lambda *a: None)
   finally:
     rewards.SCORERS.pop("exploding")
+
+
+def test_a_response_that_crashes_the_scorer_is_a_wrong_answer_not_an_infrastructure_failure():
+  """A scorer that raises on one response but scores the probe responses (the ground truth itself, an empty
+  response) is working: the response provoked it, and scores as the empty response does."""
+
+  def fragile(response, ground_truth, extra_info, executor, cfg):
+    if "((((" in response:
+      raise RecursionError("maximum recursion depth exceeded")
+    ok = response.strip() == f"\\boxed{{{ground_truth}}}"
+    return rewards.RewardResult(1.0 if ok else -1.0, ok)
+
+  rewards.register("fragile", fragile)
+  try:
+    cfg = RewardConfig(default_kind="fragile")
+    assert compute_score("x", "\\boxed{7}", "7", cfg=cfg).acc
+    r = compute_score("x", "\\boxed{" + "(" * 5000 + "}", "7", cfg=cfg)
+    assert (r.score, r.acc, r.failure) == (-1.0, False, "") and "RecursionError" in r.info
+  finally:
+    rewards.SCORERS.pop("fragile")
 
 
 def test_answer_keys_for_voting():

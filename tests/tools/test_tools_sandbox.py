@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 
-from agentrl_jax.tools import base, executors, sandbox, sandbox_worker
+from agentrl_jax.tools import base, executors, sandbox, sandbox_memory, sandbox_worker
 from agentrl_jax.tools.base import ExecResult, ToolConfig
-from tests.tools.sandbox_testing import boot_time, bwrap_children, needs_bwrap, processes_in_pid_namespace
+from tests.tools.sandbox_testing import boot_time, bwrap_children, leftovers, missing, needs_bwrap
 
 TIMEOUT = 2.0
 MEMORY = 256
@@ -27,12 +27,12 @@ def executor_for():
 
   def get(mode: str) -> sandbox.LocalExecutor:
     if sandbox.bwrap_path() is None:
-      pytest.skip("bubblewrap is not installed")
+      missing("bubblewrap is not installed")
     if mode not in made:
       made[mode] = sandbox.LocalExecutor(ToolConfig(timeout_s=TIMEOUT, memory_mb=MEMORY, max_concurrency=2,
                                                     local_mode=mode))
     if made[mode].local_mode != mode:
-      pytest.skip(f"{mode} mode is not available here (worker mode needs root)")
+      missing(f"{mode} mode is not available here: {made[mode].worker_unavailable}")
     return made[mode]
 
   yield get
@@ -57,7 +57,7 @@ def run(request, executor_for):
 
 def assert_nothing_left(record: dict) -> None:
   assert "pid-namespace" in record, record
-  assert processes_in_pid_namespace(record["pid-namespace"], record["ended"]) == []
+  assert leftovers(record["pid-namespace"], record["ended"]) == []
 
 
 # ------------------------------------------------------------------------------------------ normal programs
@@ -76,12 +76,17 @@ def test_ok_error_stdin_and_traceback(run):
   assert_nothing_left(rec)
 
 
-def test_scientific_stack_and_isolated_view(run):
+@needs_bwrap
+@pytest.mark.parametrize("mode", MODES)
+def test_scientific_stack_and_isolated_view(mode):
   code = ("import numpy, sympy, os\n"
           "print(numpy.arange(4).sum(), sympy.factorint(360))\n"
           "print(os.getcwd(), sorted(os.listdir('/')))\n"
           "print(os.path.exists('/work/main/agentrl_jax'), os.path.exists('/root/.ssh'), os.getuid() == 0)")
-  r, _, _ = run(code)
+  # Importing sympy takes ~1.4 s at a load of 20 on 2 cores: this file's 2 s limit is for hostile programs.
+  with sandbox.LocalExecutor(ToolConfig(timeout_s=30.0, memory_mb=MEMORY, max_concurrency=1,
+                                        local_mode=mode)) as executor:
+    r = executor.run(code)
   assert r.status == "ok", r.stderr
   lines = r.stdout.splitlines()
   assert lines[0] == "6 {2: 3, 3: 2, 5: 1}"
@@ -133,6 +138,43 @@ def test_hostile_program_is_contained(run, name):
     assert r.stdout == "ok \ufffd\ufffd\ufffd end\n"
   if name == "memory_bomb":
     assert "MemoryError" in r.stderr
+
+
+@needs_bwrap
+@pytest.mark.parametrize("how", ["host", "no_cgroup"])
+@pytest.mark.parametrize("mode", MODES)
+def test_one_memory_cap_on_the_whole_sandbox(mode, how, monkeypatch):
+  """16 processes of 100 MiB each against a 256 MiB cap: per process (RLIMIT_AS) each fits, so without a cap on
+  the whole sandbox they would hold 1.6 GiB. With a memory cgroup (root here) the kernel kills inside the
+  sandbox and the rest survive; without one (`no_cgroup`, and a normal user without a delegated cgroup) the host
+  polls the sandbox's processes and kills the sandbox once their sum passes the cap."""
+  if how == "no_cgroup":
+    monkeypatch.setattr(sandbox_memory, "cgroup_base", lambda: "forced off by the test")
+  base = sandbox_memory.cgroup_base()
+  code = ("import os, time\nkids = []\nfor i in range(16):\n  pid = os.fork()\n  if pid == 0:\n"
+          "    x = bytearray(100 << 20)\n    for j in range(0, len(x), 4096):\n      x[j] = 1\n"
+          "    time.sleep(1)\n    os._exit(0)\n  kids.append(pid)\n"
+          "print(sum(os.waitpid(p, 0)[1] == 0 for p in kids))")
+  with sandbox.LocalExecutor(ToolConfig(timeout_s=20.0, memory_mb=MEMORY, max_concurrency=1,
+                                        local_mode=mode)) as executor:
+    rec: dict = {}
+    r = executor.run(code, on_start=rec.update)
+    rec["ended"] = boot_time()
+    assert executor.run("print(1)").stdout == "1\n"  # the executor (its worker) is fine afterwards
+  if isinstance(base, str):
+    assert r.status == "memory" and "passed its cap of 256 MiB" in r.stderr, r
+  else:
+    assert r.status == "ok" and int(r.stdout) <= MEMORY // 100, r
+    assert "memory cap of 256 MiB was reached" in r.stderr
+    assert not [n for n in os.listdir(base.path) if n.startswith(f"agentrl-sandbox-{os.getpid()}-")
+                and not _is_worker_group(os.path.join(base.path, n))]
+  assert_nothing_left(rec)
+
+
+def _is_worker_group(path: str) -> bool:
+  """Whether a cgroup of ours holds a live worker (those stay while their worker does)."""
+  with open(os.path.join(path, "cgroup.procs")) as f:
+    return bool(f.read().strip())
 
 
 def test_no_host_files_written_and_no_leftover_files(run):
@@ -214,10 +256,43 @@ def test_pool_turns_backend_crash_into_sandbox_error():
   with base.PoolExecutor(broken, 2, "test") as executor:
     result = executor.submit("print(1)").result()
   assert result.status == "sandbox_error" and "backend exploded" in result.stderr
+
   with pytest.raises(RuntimeError, match="closed"):
     executor.submit("print(1)")
   with pytest.raises(ValueError, match="stdins"):
     base.PoolExecutor(broken, 1, "t").run_batch(["a"], ["x", "y"])
+
+
+def test_a_failure_the_program_provoked_is_not_an_infrastructure_failure():
+  """A host-side exception or a `sandbox_error` while the infrastructure still runs a probe program is the
+  program's failure; only when the probe fails too is it `sandbox_error`."""
+  calls = []
+
+  def fragile(code, stdin):
+    calls.append(code)
+    if code == base.PROBE_CODE:
+      return ExecResult("ok", base.PROBE_STDOUT, exit_code=0)
+    if "boom" in code:
+      raise RecursionError("maximum recursion depth exceeded while decoding its output")
+    return ExecResult("sandbox_error", stderr="[sandbox] the sandbox worker died while the program ran")
+
+  with base.PoolExecutor(fragile, 2, "test") as executor:
+    raised = executor.submit("boom").result()
+    died = executor.submit("print(1)").result()
+  assert raised.status == "killed" and "RecursionError" in raised.stderr and "probe" in raised.stderr
+  assert died.status == "killed" and "worker died" in died.stderr
+  assert calls.count(base.PROBE_CODE) == 2 and calls.count("boom") == calls.count("print(1)") == 2  # each twice
+
+  flaky = {"n": 0}
+
+  def transient(code, stdin):  # fails once, then works: the program gets its run
+    flaky["n"] += 1
+    if flaky["n"] == 1:
+      return ExecResult("sandbox_error", stderr="[sandbox] bubblewrap failed (exit 1); the program did not run")
+    return ExecResult("ok", "5\n", exit_code=0)
+
+  with base.PoolExecutor(transient, 1, "test") as executor:
+    assert executor.submit("print(5)").result().stdout == "5\n"
 
 
 # ------------------------------------------------------------------------------------------ no bubblewrap

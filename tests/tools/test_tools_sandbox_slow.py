@@ -9,7 +9,7 @@ import pytest
 
 from agentrl_jax.tools import sandbox
 from agentrl_jax.tools.base import ToolConfig
-from tests.tools.sandbox_testing import boot_time, needs_bwrap, processes_in_pid_namespace
+from tests.tools.sandbox_testing import boot_time, leftovers, needs_bwrap
 from tests.tools.test_tools_sandbox import HOSTILE
 
 pytestmark = [pytest.mark.slow, needs_bwrap]
@@ -30,7 +30,7 @@ def test_hostile_programs_all_at_once_are_contained():
     # 39 programs (fork bombs and busy loops among them) on 2 cores: a benign one may be starved into a timeout.
     assert r.status in HOSTILE[name][1] | {"timeout"}, (name, r.status, r.stderr[-300:])
     assert r.wall_s <= 3.0 + 3.0, (name, r.wall_s)
-    assert processes_in_pid_namespace(rec["pid-namespace"], ended) == []
+    assert leftovers(rec["pid-namespace"], ended) == []
   # All ran concurrently on 2 cores: bounded by the timeout plus the teardown, not by the sum.
   assert wall < 3.0 + 15.0
 
@@ -45,7 +45,7 @@ def test_hostile_programs_at_once_through_a_worker_pool():
     ended = boot_time()
     for name, r, rec in zip(names, results, records):
       assert r.status in HOSTILE[name][1] | {"timeout"}, (name, r.status, r.stderr[-300:])
-      assert processes_in_pid_namespace(rec["pid-namespace"], ended) == []
+      assert leftovers(rec["pid-namespace"], ended) == []
     assert executor.run("print(1)").stdout == "1\n"  # the workers survived it all
 
 
