@@ -6,10 +6,11 @@ by side in the same run are checked (ours against the XLA:CPU step floor, a peer
 matmul peak of the same rounds), never absolute times, so a threshold holds on any machine whose load does not
 change faster than a round. The thresholds live here, in one table:
 
-  full   the benchmarks' default workloads (bench_5m / bench_58m; the README's performance table);
+  full   the benchmarks' default workloads (bench_5m / bench_58m; the README's performance table): issue 32's
+         targets, and for the update step what it measured before (MFU 0.57, 1.32x its floor, 1.67x Tunix);
   smoke  the reduced workloads of `--smoke` (what `tests/bench/test_bench_guard.py`, marked slow, runs): looser,
-         as short runs are noisier, but each still fails when the figure loses a third (a decode step 1.5x
-         slower, a speedup at 2/3), from the values measured on a loaded 2-core machine (the comments).
+         as short runs are noisier and spend more of their time outside the measured loop, but each fails the
+         figure `--smoke` measured (`MEASURED`) once it loses a third (a time 1.5x, a speedup or MFU at 2/3).
 
 `--no-check` skips the guard (a bisect, a run on purpose outside the envelope).
 """
@@ -77,25 +78,26 @@ FIGURES: dict[str, dict[str, Callable[[dict], Any]]] = {
 
 THRESHOLDS: dict[str, dict[str, tuple[Bound, ...]]] = {
     "sampler": {
-        # issue 32's targets; measured: see the README's performance table
         "full": (Bound("step_over_floor", "max", 1.35), Bound("speedup_tunix", "min", 1.8),
                  Bound("speedup_hf", "min", 1.8)),
-        "smoke": (Bound("step_over_floor", "max", 1.6), Bound("speedup_tunix", "min", 1.4),
-                  Bound("speedup_hf", "min", 1.4)),
+        # 64 tokens: the prefill and the grows are a larger share of the call than at 256
+        "smoke": (Bound("step_over_floor", "max", 2.8), Bound("speedup_tunix", "min", 1.4)),  # no HF in --smoke
     },
     "rollout": {
         "full": (Bound("speedup_over_reprefill", "min", 3.5), Bound("compile_frac_of_round", "max", 0.25),
                  Bound("transcripts_match", "min", 1), Bound("prefill_exact", "min", 1)),
-        "smoke": (Bound("speedup_over_reprefill", "min", 2.0), Bound("compile_frac_of_round", "max", 1.0),
+        # 2 tool turns instead of 4 (re-prefill's cost grows with the turns), and 16 episodes: the compile outweighs
+        # a round several times over
+        "smoke": (Bound("speedup_over_reprefill", "min", 1.9), Bound("compile_frac_of_round", "max", 8.0),
                   Bound("transcripts_match", "min", 1), Bound("prefill_exact", "min", 1)),
     },
     "update": {
         "full": (Bound("mfu", "min", 0.45), Bound("step_over_floor", "max", 1.5), Bound("speedup_tunix", "min", 1.4)),
-        "smoke": (Bound("mfu", "min", 0.25), Bound("step_over_floor", "max", 2.5), Bound("speedup_tunix", "min", 1.0)),
+        "smoke": (Bound("mfu", "min", 0.32), Bound("step_over_floor", "max", 2.0), Bound("speedup_tunix", "min", 1.3)),
     },
-    "sandbox": {
-        "full": (Bound("serial_speedup", "min", 2.0), Bound("batch_speedup", "min", 1.5)),
-        "smoke": (Bound("serial_speedup", "min", 1.3), Bound("batch_speedup", "min", 1.0)),
+    "sandbox": {  # the full run (64-call batches) was not measured apart from the smoke one: the same bounds
+        "full": (Bound("serial_speedup", "min", 2.2), Bound("batch_speedup", "min", 1.6)),
+        "smoke": (Bound("serial_speedup", "min", 2.2), Bound("batch_speedup", "min", 1.6)),
     },
 }
 
@@ -103,10 +105,17 @@ THRESHOLDS: dict[str, dict[str, tuple[Bound, ...]]] = {
 # Exactness figures (0/1): their bound is 1, whatever the machine.
 EXACT = ("transcripts_match", "prefill_exact")
 
-# What the thresholds were set from: each figure as measured on this project's machine (2 shared cores), the full
-# workloads in the README's performance run, the smoke ones by `--smoke` (medians of the runs named in the
-# comments). `tests/bench/test_bench_guard.py` checks that every bound passes these and fails them a third worse.
-MEASURED: dict[str, dict[str, dict[str, float]]] = {}
+# What the smoke thresholds were set from: each figure as `--smoke` measured it on this project's machine (2 shared
+# cores; medians over the run's rounds). `tests/bench/test_bench_guard.py` checks that every smoke bound passes
+# these and fails them a third worse. The full thresholds are issue 32's targets (the README's performance run
+# says what this machine measured).
+MEASURED: dict[str, dict[str, float]] = {
+    # 2026-12-04, load average 18-25 on the 2 cores
+    "sampler": {"step_over_floor": 2.16, "speedup_tunix": 1.86},  # HF is left out of --smoke
+    "rollout": {"speedup_over_reprefill": 2.44, "compile_frac_of_round": 6.31},  # compile 63.5 s (9 programs)
+    "update": {"mfu": 0.42, "step_over_floor": 1.56, "speedup_tunix": 1.69},  # best of 3 rounds, as the benchmark
+    "sandbox": {"serial_speedup": 2.98, "batch_speedup": 2.13},
+}
 
 
 def check(bench: str, line: dict, scale: str) -> list[str]:

@@ -9,6 +9,9 @@ import sys
 import pytest
 
 from agentrl_jax.bench import common, guard
+from agentrl_jax.tools import sandbox
+from agentrl_jax.tools.base import ToolConfig
+from tests.tools.sandbox_testing import needs_bwrap
 
 
 def _sampler_line(step_ms, floor_ms, tunix=None):
@@ -93,3 +96,12 @@ def test_rollout_smoke_holds_its_ratios():
 def test_update_smoke_holds_its_ratios():
   extra = () if common.tunix_python() is not None else ("--no-tunix",)
   _run_smoke("update", *extra)
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_sandbox_smoke_holds_its_ratios():
+  with sandbox.LocalExecutor(ToolConfig(timeout_s=5.0, memory_mb=512, max_concurrency=1)) as probe:
+    if probe.local_mode != "worker":  # the benchmark compares both modes
+      pytest.skip(f"worker mode is not available here: {probe.worker_unavailable}")
+  _run_smoke("sandbox")
