@@ -2,7 +2,8 @@
 every turn (how Tunix's agentic rollout works); prints ONE JSON line.
 
     python -m agentrl_jax.bench.rollout                                 # bench_5m, 16 prompts x 4 = 64 episodes
-    python -m agentrl_jax.bench.rollout --size tiny_qwen3 --groups 2 --n 2 --rounds 1   # smoke
+    python -m agentrl_jax.bench.rollout --smoke                         # 16 episodes (the guard's test)
+    python -m agentrl_jax.bench.rollout --size tiny_qwen3 --groups 2 --n 2 --rounds 1 --no-check   # a quick look
 
 Workload: 64 episodes (16 prompts x n=4 samples, a GRPO group each) of 4 tool turns and a final answer turn,
 on a random-weight model with the tiny tokenizer. The model is teacher-forced through scripted turns (every
@@ -48,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentrl_jax import compile_stats, testing
-from agentrl_jax.bench import common
+from agentrl_jax.bench import common, guard
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.qwen import Qwen
@@ -60,6 +61,9 @@ from agentrl_jax.rollout.stub_executor import stub_executor
 from agentrl_jax.sampling.config import SamplingConfig, StopReason, bucket
 from agentrl_jax.sampling.sampler import TRACE_COUNTS, make_sampler
 from agentrl_jax.tools import TOOL_SCHEMA, ExecResult, format_result, prepare_code
+
+# --smoke (the guard's slow test): 16 episodes of 2 tool turns on bench_5m, 2 rounds (later flags override).
+SMOKE = ("--groups", "4", "--n", "4", "--tool-turns", "2", "--rounds", "2", "--no-compile-cache")
 
 _WORDS = ("let", "me", "compute", "the", "sum", "of", "digits", "first", "then", "check", "result", "with", "python",
           "so", "answer", "is", "number", "value", "list", "we", "need", "to", "verify", "this", "step")
@@ -317,8 +321,11 @@ def main(argv=None) -> None:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--no-compile-cache", dest="compile_cache", action="store_false",
                  help="skip the persistent-cache (rerun) measurement")
-  args = p.parse_args(argv)
-  print(json.dumps(run(args)), flush=True)
+  args, scale = guard.parse_args(p, argv, SMOKE)
+  line = run(args)
+  failures = guard.judge("rollout", line, scale, args.check)
+  print(json.dumps(line), flush=True)
+  guard.exit_on(failures)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Sampler benchmark: ours vs `transformers` generate (torch CPU) vs Tunix's sampler; one JSON line per size.
 
     python -m agentrl_jax.bench.sampler                                   # bench_5m and bench_58m
-    python -m agentrl_jax.bench.sampler --sizes tiny_qwen3 --new-tokens 16 --rounds 1   # smoke
+    python -m agentrl_jax.bench.sampler --smoke                           # bench_5m, 64 tokens (the guard's test)
+    python -m agentrl_jax.bench.sampler --sizes tiny_qwen3 --new-tokens 16 --rounds 1 --no-check   # a quick look
 
 One random-weight Qwen3 per size is saved once as a HF directory (by transformers) and loaded by all three:
 ours (`hf_io.load_hf_checkpoint` -> `sampling.generate`), transformers (`generate`, sdpa attention, torch CPU)
@@ -23,6 +24,9 @@ only B rows are read) + the K/V cache of the context so far; peak and bandwidth 
 xla_step_floor_ms = a decode step reduced to its matrix products (`make_step_floor`), timed in the same
 round: no XLA:CPU decode step can be faster, so speedup_hf_at_step_floor, speedup_tunix_at_step_floor and
 roofline_frac_at_step_floor bound what any XLA:CPU sampler reaches here.
+
+Guard (`bench.guard`): the decode step over the floor and the speedups over Tunix and HF, each measured within the
+run, are held to thresholds; a figure that falls short exits with status 1 (`--no-check` skips it).
 """
 
 from __future__ import annotations
@@ -41,12 +45,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentrl_jax import compile_stats, testing
-from agentrl_jax.bench import common
+from agentrl_jax.bench import common, guard
 from agentrl_jax.models import attention_kernels, hf_io
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.sampling import generate as generate_lib
 from agentrl_jax.sampling.config import SamplingConfig
 from agentrl_jax.sampling.sampler import TRACE_COUNTS, make_sampler
+
+
+# --smoke (the guard's slow test): bench_5m at a quarter of the tokens, Tunix as usual, HF left out (later flags
+# still override these).
+SMOKE = ("--sizes", "bench_5m", "--new-tokens", "64", "--rounds", "3", "--repeats", "2", "--matmul-n", "1024",
+         "--mem-mb", "64", "--no-hf")
 
 
 def memory_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
@@ -277,9 +287,13 @@ def main(argv=None) -> None:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--no-hf", action="store_true")
   p.add_argument("--no-tunix", action="store_true")
-  args = p.parse_args(argv)
+  args, scale = guard.parse_args(p, argv, SMOKE)
+  failures = []
   for size in args.sizes.split(","):
-    print(json.dumps(run_size(size, args)), flush=True)
+    line = run_size(size, args)
+    failures += guard.judge("sampler", line, scale, args.check)
+    print(json.dumps(line), flush=True)
+  guard.exit_on(failures)
 
 
 if __name__ == "__main__":

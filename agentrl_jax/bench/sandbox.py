@@ -1,7 +1,8 @@
 """Local sandbox benchmark: worker mode vs per-call mode of `LocalExecutor`, side by side; prints ONE JSON line.
 
     python -m agentrl_jax.bench.sandbox                                      # 64-call batches, 2 slots, 5 rounds
-    python -m agentrl_jax.bench.sandbox --calls 4 --serial 2 --rounds 1      # smoke
+    python -m agentrl_jax.bench.sandbox --smoke                              # the guard's test
+    python -m agentrl_jax.bench.sandbox --calls 4 --serial 2 --rounds 1 --no-check   # a quick look
 
 Workload: `print(37*41)` (the tool call's fixed cost is what is measured). Per round and mode, interleaved:
 `serial` calls one at a time (latency of each, as the caller sees it), then one batch of `calls` calls through
@@ -21,10 +22,13 @@ import json
 import statistics
 import time
 
+from agentrl_jax.bench import guard
 from agentrl_jax.tools import sandbox
 from agentrl_jax.tools.base import ToolConfig
 
 CODE = "print(37*41)"
+# --smoke (the guard's slow test): 16-call batches, 8 serial calls, 2 rounds (later flags override).
+SMOKE = ("--calls", "16", "--serial", "8", "--rounds", "2")
 MODES = ("per_call", "worker")
 
 
@@ -92,8 +96,11 @@ def main(argv=None) -> None:
   p.add_argument("--serial", type=int, default=20, help="one-at-a-time calls per round and mode")
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--concurrency", type=int, default=2, help="executor slots (max_concurrency)")
-  args = p.parse_args(argv)
-  print(json.dumps(run(args)), flush=True)
+  args, scale = guard.parse_args(p, argv, SMOKE)
+  line = run(args)
+  failures = guard.judge("sandbox", line, scale, args.check)
+  print(json.dumps(line), flush=True)
+  guard.exit_on(failures)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Benchmark of the compiled GRPO update step vs Tunix's GRPO loss-and-gradient step; prints ONE JSON line.
 
     python -m agentrl_jax.bench.update                     # bench_58m, B=2 x T=1024, fp32, CPU
-    python -m agentrl_jax.bench.update --model tiny_qwen3 --batch 2 --seq 64 --rounds 1   # smoke
+    python -m agentrl_jax.bench.update --smoke             # bench_5m, 2 x 256 tokens (the guard's test)
+    python -m agentrl_jax.bench.update --model tiny_qwen3 --batch 2 --seq 64 --rounds 1 --no-check   # a quick look
 
 Same weights (a random `ModelConfig.bench_58m()` exported once with `hf_io.export_hf` and loaded by Tunix from
 that directory), same tokens, loss mask (prompt 0, a tool-output span 0, the rest 1), advantages and old
@@ -41,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentrl_jax import compile_stats
-from agentrl_jax.bench import common
+from agentrl_jax.bench import common, guard
 from agentrl_jax.models import hf_io
 from agentrl_jax.models import sharding
 from agentrl_jax.models.config import ModelConfig
@@ -50,6 +51,8 @@ from agentrl_jax.rl import losses
 from agentrl_jax.rl import update as update_lib
 
 PAD_ID = 0
+# --smoke (the guard's slow test): bench_5m at 2 x 256 tokens, 3 rounds (later flags override).
+SMOKE = ("--model", "bench_5m", "--seq", "256", "--chunk", "128", "--rounds", "3", "--matmul-n", "1024")
 
 
 def make_batch(cfg: ModelConfig, batch: int, seq: int, prompt_len: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -245,8 +248,11 @@ def main(argv=None) -> None:
   p.add_argument("--matmul-repeats", type=int, default=8)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--no-tunix", action="store_true")
-  args = p.parse_args(argv)
-  print(json.dumps(run(args)), flush=True)
+  args, scale = guard.parse_args(p, argv, SMOKE)
+  line = run(args)
+  failures = guard.judge("update", line, scale, args.check)
+  print(json.dumps(line), flush=True)
+  guard.exit_on(failures)
 
 
 if __name__ == "__main__":

@@ -84,8 +84,8 @@ class KVCache:
     """The same cache with one `[B, 1, ...]` array per layer (a copy): a loop of many steps carries it so that
     each step reads its layers' caches in place. On XLA:CPU a layer sliced out of the stacked array each step
     is a copy of that layer's cache (the decode step's reductions cannot absorb the slice): one split and one
-    `stacked` per decode call instead of a copy of the cache every step (decode of the main job's model,
-    128 rows at capacity 256: about 1.5x faster)."""
+    `stacked` per decode call instead of a copy of the cache every step. `sampling.sampler.carry_per_layer`
+    says when the decode loop uses it (with the layers' weights split once per call as well)."""
     split = lambda x: tuple(x[:, i:i + 1] for i in range(x.shape[LAYER_AXIS]))  # noqa: E731
     return self.replace(k=split(self.k), v=split(self.v))
 

@@ -32,6 +32,7 @@ from jaxtyping import Array, Float, Int
 from agentrl_jax.models import attention_kernels, sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.kv_cache import K_AXES, PAGED_AXES, V_AXES, KVCache, PagedKVCache, make_cache
+from agentrl_jax.models.qwen import unstack_layers
 from agentrl_jax.sampling import logits as logits_lib
 from agentrl_jax.sampling.config import SamplingConfig, StopReason
 
@@ -298,6 +299,38 @@ def extend(
 
 
 # --------------------------------------------------------------------------- decode
+# "stacked" / "per_layer" overrides `carry_per_layer` for the programs traced while it is set (to time the forms
+# side by side); None: chosen by the platform.
+FORCE_CARRY: str | None = None
+
+
+def carry_per_layer(cache) -> bool:
+  """Whether `decode`'s loop carries the cache one array per layer (`KVCache.per_layer`) and reads each layer's
+  weights from copies split off the stack once per call (`_restacked`), instead of slicing layer i out of the
+  stacked cache and weights on every step.
+
+  Decided by what the compiler is given, the platform: on XLA:CPU a slice out of a stacked array inside the loop
+  is a copy (the decode step's reductions and XLA's dots do not read through it), so every step copied each
+  layer's weights, and in the scanned form its cache too, before reading them. Accelerators keep the scanned,
+  stacked form (one layer's code whatever the depth; the TPU compiler reads the slices in place, and the
+  pre-flight's decode programs stay as they are). On XLA:CPU the per-layer form is the faster at every size
+  measured, so the cache size does not enter: decode step alternating in one process (min over 5 rounds of 3
+  calls, 2 cores under a load of ~20), stacked and scanned / per-layer cache with the weights sliced each step
+  (2246f40) / this form: bench_58m B=16 at capacity 320, 163 / 189 / 158 ms; bench_5m, 7.2 / 5.5 / 4.9 ms; the
+  main job's demo_1m, B=128 at capacity 224, 7.2 / 5.6 / 4.5 ms."""
+  if FORCE_CARRY is not None:
+    return FORCE_CARRY == "per_layer"
+  return isinstance(cache, KVCache) and attention_kernels.target_platform() == "cpu"
+
+
+def _restacked(params: nnx.State, layer_parts: list[nnx.State]) -> nnx.State:
+  """`params` with its layer stack rebuilt from per-layer parts (`qwen.unstack_layers`). Inside the decode loop
+  the model's own split of this stack cancels against it (XLA folds a slice of a concatenate into the operand),
+  so each step reads the parts made once per call instead of slicing copies out of the stack."""
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *layer_parts)
+  return nnx.State({**params, "layers": stacked})
+
+
 def decode(
     graphdef: nnx.GraphDef,
     sampling: SamplingConfig,
@@ -316,6 +349,7 @@ def decode(
     `(state, Segment)`; the segment holds this call's tokens.
   """
   TRACE_COUNTS["decode"] += 1
+  per_layer = carry_per_layer(state.cache)
   model = nnx.merge(graphdef, params)
   b, seg = state.batch, sampling.segment_len
   max_steps = jnp.minimum(max_steps, seg)
@@ -335,8 +369,9 @@ def decode(
   def body(c: Carry) -> Carry:
     s, out = c.s, c.out
     active = s.active
-    hidden, cache = model(s.last_token[:, None], cache=s.cache, chunk_lengths=active.astype(jnp.int32),
-                          return_hidden=True)
+    step_model = model if layer_parts is None else nnx.merge(graphdef, _restacked(params, layer_parts))
+    hidden, cache = step_model(s.last_token[:, None], cache=s.cache, chunk_lengths=active.astype(jnp.int32),
+                               return_hidden=True)
     logits = jnp.einsum("BD,DV->BV", hidden[:, 0].astype(w_dv.dtype), w_dv, preferred_element_type=jnp.float32)
     key, draw_key = jax.random.split(s.key)
     forced_now = None if s.forced is None else _forced_now(s.forced, s.forced_pos)
@@ -364,12 +399,13 @@ def decode(
   out0 = Segment(tokens=jnp.zeros((b, seg), jnp.int32), logp_raw=zeros_f, logp_sample=zeros_f,
                  num=jnp.zeros((b,), jnp.int32), stop_reason=state.stop_reason, active=state.active,
                  lengths=state.cache.lengths, steps=state.steps)
-  split = isinstance(state.cache, KVCache) and attention_kernels.target_platform() == "cpu"
-  if split:  # the loop reads each layer's cache in place (`KVCache.per_layer`)
+  layer_parts = None
+  if per_layer:  # the loop reads each layer's cache and weights in place (`carry_per_layer`)
     state = state.replace(cache=state.cache.per_layer())
+    layer_parts = unstack_layers(params["layers"], model.cfg.num_layers)
   final = jax.lax.while_loop(cond, body, Carry(state, out0, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)))
   s = final.s
-  if split:
+  if per_layer:
     s = s.replace(cache=s.cache.stacked())
   out = final.out.replace(stop_reason=s.stop_reason, active=s.active, lengths=s.cache.lengths, steps=s.steps)
   return s, out

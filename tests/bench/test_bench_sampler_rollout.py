@@ -14,7 +14,7 @@ from agentrl_jax.bench import sampler as bench_sampler
 from agentrl_jax.models.config import ModelConfig
 
 SAMPLER_ARGV = ["--sizes", "tiny_qwen3", "--new-tokens", "8", "--prompt-len", "8", "--batch", "4", "--segment-len",
-                "8", "--rounds", "1", "--repeats", "1", "--matmul-n", "256", "--mem-mb", "32"]
+                "8", "--rounds", "1", "--repeats", "1", "--matmul-n", "256", "--mem-mb", "32", "--no-check"]
 
 
 def _json_lines(main, argv):
@@ -69,7 +69,7 @@ def test_sampler_ideal_counts_the_bytes_a_step_reads():
 
 def test_rollout_bench_smoke():
   argv = ["--size", "tiny_qwen3", "--groups", "2", "--n", "2", "--tool-turns", "2", "--rounds", "1",
-          "--tool-latency", "0.01", "--segment-len", "16"]
+          "--tool-latency", "0.01", "--segment-len", "16", "--no-check"]
   (line,) = _json_lines(bench_rollout.main, argv)
   assert line["bench"] == "rollout" and line["episodes"] == 4 and line["device"]["backend"] == "cpu"
   assert line["transcripts_match"]

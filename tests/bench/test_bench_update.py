@@ -11,7 +11,7 @@ from agentrl_jax.bench import common
 from agentrl_jax.bench import update as bench_update
 
 TINY = ["--model", "bench_5m", "--batch", "2", "--seq", "64", "--chunk", "32", "--rounds", "1", "--steps", "1",
-        "--matmul-n", "256", "--matmul-repeats", "2"]
+        "--matmul-n", "256", "--matmul-repeats", "2", "--no-check"]
 
 
 # bench_5m by hand: hidden 256, 4 layers, 4 heads x 64 (q, o: 256 x 256), 2 KV heads x 64 (k, v: 256 x 128),

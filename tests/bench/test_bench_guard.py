@@ -1,0 +1,107 @@
+"""The benchmarks' regression guard (`agentrl_jax.bench.guard`): the bounds themselves (fast), and each benchmark
+run at its `--smoke` size and held to them (slow: `bash launch/test.sh -m slow`)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agentrl_jax.bench import common, guard
+from agentrl_jax.tools import sandbox
+from agentrl_jax.tools.base import ToolConfig
+from tests.tools.sandbox_testing import needs_bwrap
+
+
+def _sampler_line(step_ms, floor_ms, tunix=None):
+  return {"bench": "sampler", "size": "bench_5m", "ours_step_ms": step_ms, "xla_step_floor_ms": floor_ms,
+          "speedup_tunix": tunix, "speedup_hf": None}
+
+
+def _bound(bench, scale, figure):
+  (bound,) = [b for b in guard.THRESHOLDS[bench][scale] if b.figure == figure]
+  return bound.value
+
+
+@pytest.mark.parametrize("scale", ["full", "smoke"])
+def test_a_decode_step_a_third_slower_fails_the_guard_and_names_the_figure(scale):
+  # A healthy run a little inside both bounds ...
+  step, tunix = _bound("sampler", scale, "step_over_floor") / 1.05, _bound("sampler", scale, "speedup_tunix") * 1.05
+  assert guard.check("sampler", _sampler_line(step, 1.0, tunix=tunix), scale) == []
+  # ... with a third of its speed lost: the step takes 1.5x as long, and the speedup over Tunix falls to 2/3.
+  failures = guard.check("sampler", _sampler_line(step * 1.5, 1.0, tunix=tunix * 2 / 3), scale)
+  assert [f.split(":")[1].split("=")[0].strip() for f in failures] == ["step_over_floor", "speedup_tunix"]
+  assert "(bench_5m)" in failures[0] and f"({scale})" in failures[0]
+
+
+def test_figures_a_run_did_not_measure_are_not_checked():
+  assert guard.check("sampler", _sampler_line(1.2, 1.0, tunix=None), "full") == []
+  line = {"bench": "update", "model": "bench_58m", "mfu": 0.6, "mfu_at_step_floor": 0.7, "speedup": None}
+  assert guard.check("update", line, "full") == []
+
+
+def test_rollout_exactness_is_part_of_the_guard():
+  line = {"speedup": 4.0, "compile_frac_of_round": 0.2, "transcripts_match": True, "prefilled_tokens": 10,
+          "expected_prefill_tokens": 10}
+  assert guard.check("rollout", line, "full") == []
+  assert "prefill_exact" in guard.check("rollout", dict(line, prefilled_tokens=11), "full")[0]
+  assert "transcripts_match" in guard.check("rollout", dict(line, transcripts_match=False), "full")[0]
+
+
+@pytest.mark.parametrize("bench", sorted(guard.MEASURED))
+def test_every_smoke_bound_sits_between_the_measured_value_and_a_third_lost(bench):
+  """Each smoke threshold passes what `--smoke` measured on the loaded 2-core machine (`guard.MEASURED`) and
+  fails the same figure a third worse (a time 1.5x, a speedup or MFU 2/3 of it); exactness bounds pass only
+  exact runs."""
+  for bound in guard.THRESHOLDS[bench]["smoke"]:
+    if bound.figure in guard.EXACT:
+      assert (bound.kind, bound.value) == ("min", 1)
+      continue
+    measured = guard.MEASURED[bench][bound.figure]
+    assert bound.holds(measured), (bench, bound, measured)
+    worse = measured * 1.5 if bound.kind == "max" else measured * 2 / 3
+    assert not bound.holds(worse), (bench, bound, measured)
+
+
+def test_every_benchmark_takes_smoke_and_no_check():
+  for mod in ("sampler", "rollout", "update", "sandbox"):
+    src = open(os.path.join(common.REPO_ROOT, "agentrl_jax", "bench", f"{mod}.py")).read()
+    assert "guard.parse_args(" in src and f'guard.judge("{mod}"' in src and "guard.exit_on(" in src, mod
+
+
+def _run_smoke(module, *extra):
+  res = subprocess.run([sys.executable, "-m", f"agentrl_jax.bench.{module}", "--smoke", *extra],
+                       cwd=common.REPO_ROOT, capture_output=True, text=True, timeout=1500,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  lines = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+  fails = [x for x in res.stderr.splitlines() if "[bench guard] FAIL" in x]
+  assert res.returncode == 0, (fails or res.stderr[-3000:], lines)
+  assert lines and all(x["guard"]["passed"] and x["guard"]["scale"] == "smoke" for x in lines), lines
+  return lines
+
+
+@pytest.mark.slow
+def test_sampler_smoke_holds_its_ratios():
+  extra = () if common.tunix_python() is not None else ("--no-tunix",)  # without Tunix: the floor ratio alone
+  _run_smoke("sampler", *extra)
+
+
+@pytest.mark.slow
+def test_rollout_smoke_holds_its_ratios():
+  _run_smoke("rollout")
+
+
+@pytest.mark.slow
+def test_update_smoke_holds_its_ratios():
+  extra = () if common.tunix_python() is not None else ("--no-tunix",)
+  _run_smoke("update", *extra)
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_sandbox_smoke_holds_its_ratios():
+  with sandbox.LocalExecutor(ToolConfig(timeout_s=5.0, memory_mb=512, max_concurrency=1)) as probe:
+    if probe.local_mode != "worker":  # the benchmark compares both modes
+      pytest.skip(f"worker mode is not available here: {probe.worker_unavailable}")
+  _run_smoke("sandbox")
