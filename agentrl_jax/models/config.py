@@ -18,6 +18,7 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 # Attention kernels (models/attention_kernels.py): of training, scoring and prefill; "ragged_paged" adds decode
 # and extend over a paged KV cache.
 ATTENTION_IMPLS = ("xla", "splash", "cudnn", "ragged_paged")
+CONTEXT_STRATEGIES = ("all_gather", "ulysses")  # models/context_parallel.py
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,11 @@ class ModelConfig:
       for "ragged_paged", the XLA statement of that kernel's contract (`paged_attention_reference`), as the
       interpreter cannot run the kernel itself.
     kv_page_size: tokens per page of the `PagedKVCache` ("ragged_paged" only).
+    context_strategy: how attention reaches the keys of a row whose tokens are split over the mesh's `context`
+      axis (`models/context_parallel.py`): "all_gather" (each device gathers the keys and values) or "ulysses"
+      (all-to-all to a split of the kv heads). A compute setting, not part of HF configs.
+    context_load_balance: with the context axis, device i holds chunks i and 2N - 1 - i of a row's 2N (equal
+      causal attention work on every device), else chunk i of N. A compute setting, not part of HF configs.
     bos_token_id, eos_token_id: carried through for HF export.
   """
 
@@ -81,6 +87,8 @@ class ModelConfig:
   attention_impl: str = "xla"
   attention_interpret: bool = False
   kv_page_size: int = 64
+  context_strategy: str = "all_gather"
+  context_load_balance: bool = True
   bos_token_id: int | None = 151643
   eos_token_id: int | None = 151645
 
@@ -103,6 +111,11 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.attention_impl: expected one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
     if not isinstance(self.kv_page_size, int) or self.kv_page_size < 1:
       raise ValueError(f"ModelConfig.kv_page_size: must be a positive int, got {self.kv_page_size!r}")
+    if self.context_strategy not in CONTEXT_STRATEGIES:
+      raise ValueError(f"ModelConfig.context_strategy: expected one of {CONTEXT_STRATEGIES}, got "
+                       f"{self.context_strategy!r}")
+    if not isinstance(self.context_load_balance, bool):
+      raise ValueError(f"ModelConfig.context_load_balance: must be a bool, got {self.context_load_balance!r}")
     if self.rope_theta <= 0:
       raise ValueError(f"ModelConfig.rope_theta: must be > 0, got {self.rope_theta}")
     if not 0 < self.rms_norm_eps < 1:

@@ -38,7 +38,7 @@ import numpy as np
 import optax
 
 from agentrl_jax import multihost
-from agentrl_jax.models import hf_io
+from agentrl_jax.models import context_parallel, hf_io
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rl import logprobs, losses
@@ -226,18 +226,32 @@ def token_logprobs(
   `logp[:, t]` is log p(tokens[:, t] | tokens[:, :t]) at `temperature` and `entropy[:, t]` the exact entropy
   of that distribution. Runs the decoder to hidden states and reduces the LM head chunk by chunk, so [B, T, V]
   logits never exist (see logprobs.token_logprobs_and_entropy_from_hidden).
+
+  Under a mesh whose `context` axis splits the rows (`models/context_parallel.py`), the inputs enter the
+  model in its load-balanced layout and the LM head works in that layout too, a device's tokens at a time; only
+  the `[B, T]` results are put back in token order.
   """
   model = nnx.merge(graphdef, params)
   tokens = batch["tokens"]
-  hidden, _ = model(tokens, positions=batch.get("positions"), segment_ids=batch.get("segment_ids"),
-                    return_hidden=True)
-  dt = model.cfg.jnp_dtype
-  unembed_dv = (model.embed_vd[...].T if model.cfg.tie_embeddings else model.unembed_dv[...]).astype(dt)
+  b, t = tokens.shape
+  layout = context_parallel.layout_for(t, model.cfg)
   # hidden[:, t] predicts tokens[:, t + 1]: score the next tokens (the last target wraps and is dropped).
   next_tokens = jnp.roll(tokens, -1, axis=1)
+  positions, segment_ids = batch.get("positions"), batch.get("segment_ids")
+  if layout is not None:
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)) if positions is None else positions
+    tokens, next_tokens, positions = (context_parallel.to_layout(x, layout) for x in (tokens, next_tokens, positions))
+    segment_ids = None if segment_ids is None else context_parallel.to_layout(segment_ids, layout)
+  hidden, _ = model(tokens, positions=positions, segment_ids=segment_ids, return_hidden=True,
+                    in_context_layout=layout is not None)
+  dt = model.cfg.jnp_dtype
+  unembed_dv = (model.embed_vd[...].T if model.cfg.tie_embeddings else model.unembed_dv[...]).astype(dt)
+  shards = 1 if layout is None else layout.shards
   logp, ent = logprobs.token_logprobs_and_entropy_from_hidden(
       hidden.astype(dt), unembed_dv, next_tokens, temperature=temperature,
-      chunk_size=_chunk_len(tokens.shape[1], logits_chunk_size))
+      chunk_size=_chunk_len(t // shards, logits_chunk_size), shards=shards)
+  if layout is not None:
+    logp, ent = context_parallel.from_layout(logp, layout), context_parallel.from_layout(ent, layout)
   shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731  next-token -> token-aligned
   return shift(logp), shift(ent)
 
