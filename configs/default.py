@@ -35,7 +35,7 @@ def get_config(arg=None):
   # "embedded": the task's own BPE (agentrl_jax/tasks/tokenizer.py); "qwen3" / "qwen2.5": the real Qwen
   # vocabulary and chat template (agentrl_jax/models/qwen_tokenizer.py; a 151k-wide unembedding on 2 cores)
   config.tokenizer = "embedded"
-  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=1))
+  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, context=1, tensor=1, num_devices=1))
 
   # ---- the task: held-out / SFT / RL-pool splits of the arithmetic family (agentrl_jax/tasks), disjoint by
   # canonical form, drawn with `seed`; the RL curves evaluate the first `curve_problems` held-out problems

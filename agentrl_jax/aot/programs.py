@@ -65,9 +65,11 @@ class Program:
   step: int = 1
 
 
-def row_shards(mesh) -> int:
-  """How many ways a batch's rows are split over `mesh` (its data and fsdp axes)."""
-  return int(mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1))
+def row_shards(mesh, *, cache: bool = False) -> int:
+  """How many ways a batch's rows are split over `mesh`: its data and fsdp axes for training and scoring (whose
+  rows' tokens the context axis splits), and the context axis too for the rollout's cache rows (`cache=True`)."""
+  n = int(mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1))
+  return n * int(mesh.shape.get("context", 1)) if cache else n
 
 
 @dataclasses.dataclass
@@ -131,9 +133,10 @@ def train_work(cfg: ModelConfig, rows: int, seq: int, *, backward: bool, causal_
 
 def _micro_activation_bytes(cfg: ModelConfig, mesh: jax.sharding.Mesh, micro_rows: int, seq: int) -> float:
   """Per device, what one training micro-batch keeps for its backward pass (`models.memory_plan`)."""
-  batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
-  tokens = max(micro_rows // batch_devices, 1) * seq
-  return memory_plan.activation_bytes(cfg, tokens, mesh.shape["tensor"], remat=cfg.remat)
+  rows = max(micro_rows // row_shards(mesh), 1)
+  context = int(mesh.shape.get("context", 1))
+  return (memory_plan.activation_bytes(cfg, rows * seq // context, mesh.shape["tensor"], remat=cfg.remat)
+          + memory_plan.context_bytes(cfg, rows * seq, mesh.shape["tensor"], context))
 
 
 def _rl_update_seq(config: ml_collections.ConfigDict) -> list[int]:
@@ -273,7 +276,7 @@ def rollout_programs(graphdef, cfg: ModelConfig, tokenizer, rcfg, mesh: jax.shar
                        cache(c0) + cache(c1)))
   for p in out:
     p.fixed_bytes = 0.0 if p.name.endswith(("/init", "/grow")) else fixed
-    p.step = row_shards(mesh)
+    p.step = row_shards(mesh, cache=True)
   return out
 
 

@@ -54,7 +54,7 @@ def rl_config(**model) -> ml_collections.ConfigDict:
   config.seed = 0
   config.model = loading.model_block(**{"size": "qwen3_4b", "param_dtype": "float32", "dtype": "auto",
                                         "attention_impl": "auto", "remat": True, **model})
-  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=0))
+  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, context=1, tensor=1, num_devices=0))
   # The rollouts' layout over the same devices (e.g. data=1, fsdp=1, tensor=-1); all zero: the trainer's mesh.
   config.sampler_mesh = ml_collections.ConfigDict(dict(data=0, fsdp=0, tensor=0))
   config.data = ml_collections.ConfigDict(dict(
@@ -182,7 +182,7 @@ def sft_config(**model) -> ml_collections.ConfigDict:
   ))
   config.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=1e-5, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01, grad_clip=1.0, min_lr_ratio=0.0))
-  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=0))  # 0: all
+  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, context=1, tensor=1, num_devices=0))  # 0: all
   config.checkpoint = ml_collections.ConfigDict(dict(every_steps=62, max_to_keep=3, async_save=True))
   config.log_every_steps = 10
   config.wandb_project = ""     # log to W&B too when set and wandb is installed
