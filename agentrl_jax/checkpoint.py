@@ -329,7 +329,7 @@ def export_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *, 
               model_config=None, tokenizer=None, dtype: str | None = None) -> str:
   """Writes the params of a checkpoint as a HF directory (`config.json` + safetensors) via `hf_io.export_hf`.
 
-  Reads only the params (the trainers save `{"train": rl.update.TrainState, ...}`), onto the first local device.
+  Reads only the params (the trainers save `{"train": train_state.TrainState, ...}`), onto the first local device.
 
   Args:
     checkpoint_dir: a `Checkpointer` directory.

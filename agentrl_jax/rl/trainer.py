@@ -42,6 +42,7 @@ import numpy as np
 
 from agentrl_jax import checkpoint as ckpt_lib
 from agentrl_jax import compile_stats, data, metrics_writer, multihost, rewards
+from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.evaluation import runner as eval_runner
 from agentrl_jax.models import loading
 from agentrl_jax.models import sharding as sharding_lib
@@ -119,7 +120,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
            prepared.num_examples, prepared.num_skipped, rl.prompts_per_step, n, total_steps, len(eval_records))
 
   # ---------------------------------------------------------------------------------------------- model & state
-  opt_cfg = update_lib.OptimizerConfig(**config.optimizer)
+  opt_cfg = train_state_lib.OptimizerConfig(**config.optimizer)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), ckpt_cfg)
   counters = {"episodes": 0, "prompts": 0, "skipped_prompts": 0, "dropped_groups": 0, "generated_tokens": 0,
               "infra_failures": 0, "nonfinite_steps": 0}
@@ -127,7 +128,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   model_block = embedded_tokenizer.fill_model_block(config.model)
   tokenizer, model_cfg = loading.tokenizer_and_config(model_block)
   ref_params = None
-  graphdef, state, rng, step, restored_meta = update_lib.init_or_restore_train_state(
+  graphdef, state, rng, step, restored_meta = train_state_lib.init_or_restore_train_state(
       ckpt, model_block, model_cfg, opt_cfg, mesh, root_key=root, init_key=init_key, data_iterator=data_iter)
   if step:
     counters.update(restored_meta.get("counters", {}))
@@ -136,7 +137,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     _, ref_model = loading.load_policy(model_block, mesh, init_key)
     ref_params = nnx.state(ref_model)
     del ref_model
-  shardings = update_lib.train_state_shardings(state, mesh)
+  shardings = train_state_lib.train_state_shardings(state, mesh)
   update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh, micro_batch_size=rl.micro_batch_size,
                                      temperature=config.rollout.temperature,
                                      logits_chunk_size=rl.logits_chunk_size or None)

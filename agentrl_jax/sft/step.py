@@ -1,8 +1,8 @@
 """The SFT step: host-side encode + pack of a batch of conversations, and the one jitted train step.
 
-    tx_cfg = rl.update.OptimizerConfig(learning_rate=1e-5, b2=0.95, schedule="cosine", ...)
-    graphdef, state = rl.update.init_train_state(model, tx_cfg, mesh)
-    step = make_train_step(graphdef, rl.update.train_state_shardings(state, mesh), tx_cfg, mesh, micro_rows=8)
+    tx_cfg = train_state.OptimizerConfig(learning_rate=1e-5, b2=0.95, schedule="cosine", ...)
+    graphdef, state = train_state.init_train_state(model, tx_cfg, mesh)
+    step = make_train_step(graphdef, train_state.train_state_shardings(state, mesh), tx_cfg, mesh, micro_rows=8)
     data = encode_batch(tokenizer, conversations, sft_cfg)      # skips (and reports) malformed conversations
     state, metrics = step(state, batch_arrays(data.packed, mesh), jax.random.fold_in(rng, step_number))
 
@@ -28,7 +28,7 @@ import optax
 from agentrl_jax import multihost
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.rl import logprobs
-from agentrl_jax.rl.update import OptimizerConfig, TrainState
+from agentrl_jax.train_state import OptimizerConfig, TrainState
 from agentrl_jax.sft import masking, packing
 
 TRUNCATIONS = masking.TRUNCATIONS + ("skip",)
@@ -36,7 +36,7 @@ TRUNCATIONS = masking.TRUNCATIONS + ("skip",)
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
-  """Shapes and schedule of an SFT run (the optimizer itself is `rl.update.OptimizerConfig`).
+  """Shapes and schedule of an SFT run (the optimizer itself is `train_state.OptimizerConfig`).
 
   Attributes:
     batch_size: conversations per optimizer step (the recipe: 32).
