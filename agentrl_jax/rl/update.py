@@ -33,11 +33,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, Float
 import optax
 
+from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.rl import logprobs, losses
 # The train state the update step changes (re-exported: callers of make_update_fn build it with these).
 from agentrl_jax.train_state import (OptimizerConfig, TrainState, abstract_train_state,  # noqa: F401
-                                     init_train_state, train_state_shardings)
+                                     init_train_state, join_trainable, split_trainable, train_state_shardings)
 
 Batch = dict[str, Any]
 REQUIRED_KEYS = ("tokens", "loss_mask", "advantages", "old_logp")
@@ -74,17 +75,18 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     logits_chunk_size: int | None = 512,
+    dropout_key: jax.Array | None = None,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
   """Token-aligned (logp, entropy) [B, T] float32 of `batch["tokens"]` under the model; position 0 is 0.
 
   `logp[:, t]` is log p(tokens[:, t] | tokens[:, :t]) at `temperature` and `entropy[:, t]` the exact entropy
   of that distribution. Runs the decoder to hidden states and reduces the LM head chunk by chunk, so [B, T, V]
-  logits never exist (see logprobs.token_logprobs_and_entropy_from_hidden).
+  logits never exist (see logprobs.token_logprobs_and_entropy_from_hidden). `dropout_key`: LoRA dropout.
   """
   model = nnx.merge(graphdef, params)
   tokens = batch["tokens"]
   hidden, _ = model(tokens, positions=batch.get("positions"), segment_ids=batch.get("segment_ids"),
-                    return_hidden=True)
+                    return_hidden=True, dropout_key=dropout_key)
   dt = model.cfg.jnp_dtype
   unembed_dv = (model.embed_vd[...].T if model.cfg.tie_embeddings else model.unembed_dv[...]).astype(dt)
   # hidden[:, t] predicts tokens[:, t + 1]: score the next tokens (the last target wraps and is dropped).
@@ -151,7 +153,8 @@ def make_update_fn(
   into B / micro_batch_size micro-batches whose gradients are accumulated by `lax.scan` with the
   normalisers of the whole mini-batch (so token-mean is the exact mean over all of its tokens); then
   clip by global norm -> skip if the norm or the loss is not finite (state returned unchanged) -> AdamW.
-  `rng` is accepted for a stable signature (nothing stochastic yet: no dropout).
+  With LoRA adapters in the params only they are differentiated and updated (`train_state.split_trainable`);
+  `rng` draws their dropout masks (one key per micro-batch), and is unused otherwise.
 
   Compiles once per (B, T) and set of batch keys: bucket shapes upstream. Every batch array is sharded along B
   over data x fsdp, so B must be a multiple of data * fsdp (JAX raises IndivisibleError otherwise), and
@@ -176,11 +179,11 @@ def make_update_fn(
   tx = opt_cfg.make()
   schedule = opt_cfg.make_schedule()
   replicated = NamedSharding(mesh, P())
-  param_shardings = state_shardings.params
+  param_shardings = split_trainable(state_shardings.params)[0]  # of the gradients: the trainable params'
 
-  def loss_fn(params, mb, norm):
-    logp, entropy = token_logprobs(graphdef, params, mb, temperature=temperature,
-                                   logits_chunk_size=logits_chunk_size)
+  def loss_fn(trainable, frozen, mb, norm, key):
+    logp, entropy = token_logprobs(graphdef, join_trainable(trainable, frozen), mb, temperature=temperature,
+                                   logits_chunk_size=logits_chunk_size, dropout_key=key)
     adv = mb["advantages"]
     if adv.ndim == 1:
       adv = jnp.broadcast_to(adv[:, None], mb["loss_mask"].shape)
@@ -191,33 +194,35 @@ def make_update_fn(
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def grads_and_metrics(params, batch, norm, n_micro):
+  def grads_and_metrics(trainable, frozen, batch, norm, n_micro, key):
+    """Gradients of the trainable params and metrics over the mini-batch; `key`: dropout (None: none)."""
     constrain = lambda g: jax.lax.with_sharding_constraint(g, param_shardings)  # noqa: E731
     if n_micro == 1:
-      (_, metrics), grads = grad_fn(params, batch, norm)
+      (_, metrics), grads = grad_fn(trainable, frozen, batch, norm, key)
       return constrain(jax.tree.map(lambda g: g.astype(accum_dtype), grads)), metrics
 
-    def accumulate(acc, mb):
-      (_, metrics), grads = grad_fn(params, mb, norm)
+    def accumulate(acc, mb_key):
+      mb, k = mb_key
+      (_, metrics), grads = grad_fn(trainable, frozen, mb, norm, k)
       acc = jax.tree.map(lambda a, g: a + g.astype(accum_dtype), acc, grads)
       return constrain(acc), metrics
 
-    zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), params))
+    zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), trainable))
     micro = {k: _to_micro(v, n_micro) for k, v in batch.items()}
-    no_metrics = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype),
-                              jax.eval_shape(accumulate, zeros, jax.tree.map(lambda x: x[0], micro))[1])
+    keys = None if key is None else jax.random.split(key, n_micro)
+    no_metrics = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), jax.eval_shape(
+        accumulate, zeros, jax.tree.map(lambda x: x[0], (micro, keys)))[1])
 
-    def body(acc, mb):
+    def body(acc, mb_key):
       # A micro-batch with no trained token adds nothing: skip its forward and backward (packed batches have a
       # fixed row count, so their trailing micro-batches are often empty).
-      return lax.cond(jnp.any(mb["loss_mask"]), accumulate, lambda acc, _: (acc, no_metrics), acc, mb)
+      return lax.cond(jnp.any(mb_key[0]["loss_mask"]), accumulate, lambda acc, _: (acc, no_metrics), acc, mb_key)
 
-    grads, metrics = lax.scan(body, zeros, micro)
+    grads, metrics = lax.scan(body, zeros, (micro, keys))
     # Every metric is normalised by the whole mini-batch, so micro-batch values add up.
     return grads, jax.tree.map(lambda m: jnp.sum(m, axis=0), metrics)
 
   def update(state: TrainState, batch: Batch, rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
-    del rng
     required = REQUIRED_KEYS + (("ref_logp",) if loss_cfg.needs_reference else ())
     required += ("sampler_logp",) if loss_cfg.tis_cap is not None else ()
     b, _ = _check_batch(batch, REQUIRED_KEYS + OPTIONAL_KEYS, required, micro_batch_size)
@@ -225,7 +230,9 @@ def make_update_fn(
       # Position 0 has no prediction (nothing precedes it), so it is never trained.
       batch = dict(batch, loss_mask=(batch["loss_mask"] != 0).at[:, 0].set(False))
       norm = losses.agg_normaliser(batch["loss_mask"], loss_cfg.loss_scale_factor)
-      grads, metrics = grads_and_metrics(state.params, batch, norm, b // micro_batch_size)
+      trainable, frozen = split_trainable(state.params)
+      key = rng if lora_lib.dropout_rate(graphdef, state.params) > 0 else None
+      grads, metrics = grads_and_metrics(trainable, frozen, batch, norm, b // micro_batch_size, key)
 
       grad_norm = optax.global_norm(grads)
       ok = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
@@ -234,14 +241,14 @@ def make_update_fn(
         scale = jnp.where(grad_norm > opt_cfg.grad_clip, opt_cfg.grad_clip / grad_norm, 1.0)
       # Zero non-finite gradients so that the discarded AdamW branch stays finite too.
       grads = jax.tree.map(lambda g: jnp.where(ok, g * scale, 0.0), grads)
-      updates, opt_state = tx.update(grads, state.opt_state, state.params)
-      params = optax.apply_updates(state.params, updates)
+      updates, opt_state = tx.update(grads, state.opt_state, trainable)
+      params = optax.apply_updates(trainable, updates)
       # Cast back: with bf16 params optax would return f32 moments (from f32 gradients), changing the
       # state's dtypes (a recompile each step, and no buffer donation).
       keep = lambda new, old: jax.tree.map(  # noqa: E731
           lambda n, o: jnp.where(ok, n, o).astype(o.dtype), new, old)
       new_state = TrainState(step=state.step + ok.astype(jnp.int32),
-                             params=keep(params, state.params),
+                             params=join_trainable(keep(params, trainable), frozen),
                              opt_state=keep(opt_state, state.opt_state))
       metrics = dict(metrics, grad_norm=grad_norm, skipped=1.0 - ok.astype(jnp.float32),
                      tokens=norm.num_tokens, sequences=norm.num_seqs,

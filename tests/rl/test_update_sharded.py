@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from agentrl_jax import testing
+from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.models import sharding
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rl import losses
-from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.rl import update as update_lib
 
 B, T = 8, 32

@@ -11,10 +11,10 @@ import pytest
 from flax import nnx
 
 from agentrl_jax import testing
+from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.models import sharding
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rl import losses
-from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.rl import update as update_lib
 
 CFG = ModelConfig.tiny_qwen3(num_layers=1)  # one layer: compile time dominates these tests

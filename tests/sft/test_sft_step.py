@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from agentrl_jax import testing
+from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.sft import masking, packing
 from agentrl_jax.sft import step as step_lib
 
