@@ -26,6 +26,7 @@ from agentrl_jax.models import memory_plan, qwen_tokenizer
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rl import losses
+from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.rl import update as update_lib
 from agentrl_jax.rollout.config import RolloutConfig
 
@@ -77,9 +78,9 @@ def check(model: str, slice_name: str) -> Check:
   rows = max(p.rollout_rows_fit, batch_devices)
   p = memory_plan.plan(cfg, chips=chips, hbm=hbm, seq=SEQ, rows=rows, micro_rows=1)
 
-  opt = update_lib.OptimizerConfig()
-  graphdef, state = update_lib.abstract_train_state(cfg, opt, mesh)
-  shardings = update_lib.train_state_shardings(state, mesh)
+  opt = train_state_lib.OptimizerConfig()
+  graphdef, state = train_state_lib.abstract_train_state(cfg, opt, mesh)
+  shardings = train_state_lib.train_state_shardings(state, mesh)
   update = update_lib.make_update_fn(graphdef, shardings, losses.LossConfig(), opt, mesh,
                                      micro_batch_size=batch_devices, logits_chunk_size=1024)
   spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=update_lib.batch_sharding(mesh))  # noqa

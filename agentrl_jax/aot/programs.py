@@ -28,6 +28,7 @@ from agentrl_jax.bench import common
 from agentrl_jax.models import memory_plan
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rl import losses
+from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.rl import update as update_lib
 from agentrl_jax.rollout import engine as engine_lib
 from agentrl_jax.rollout import agent_loop, shapes as shapes_lib
@@ -161,9 +162,9 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
   smesh = target_lib.sampler_mesh(config.get("sampler_mesh"), mesh)
   tokenizer, cfg, source = target_lib.tokenizer_and_config(config.model, t)
   loss_cfg = losses.LossConfig(**rl.loss)
-  opt_cfg = update_lib.OptimizerConfig(**config.optimizer)
-  graphdef, state = update_lib.abstract_train_state(cfg, opt_cfg, mesh)
-  shardings = update_lib.train_state_shardings(state, mesh)
+  opt_cfg = train_state_lib.OptimizerConfig(**config.optimizer)
+  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh)
+  shardings = train_state_lib.train_state_shardings(state, mesh)
   temp = config.rollout.temperature
   chunk = rl.logits_chunk_size or None
   update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh, micro_batch_size=rl.micro_batch_size,
@@ -293,9 +294,9 @@ def sft_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Pla
   _, cfg, source = target_lib.tokenizer_and_config(config.model, t)
   sft_cfg = step_lib.SFTConfig(**s)
   opt = dict(config.optimizer)
-  opt_cfg = update_lib.OptimizerConfig(**opt, schedule="cosine", total_steps=1000, warmup_steps=100)
-  graphdef, state = update_lib.abstract_train_state(cfg, opt_cfg, mesh)
-  shardings = update_lib.train_state_shardings(state, mesh)
+  opt_cfg = train_state_lib.OptimizerConfig(**opt, schedule="cosine", total_steps=1000, warmup_steps=100)
+  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh)
+  shardings = train_state_lib.train_state_shardings(state, mesh)
   train_step = step_lib.make_train_step(graphdef, shardings, opt_cfg, mesh, micro_rows=sft_cfg.micro_batch_rows,
                                         seq_len=sft_cfg.max_seq_len, logits_chunk_size=sft_cfg.logits_chunk_size)
   bsh = step_lib.batch_sharding(mesh, sft_cfg.micro_batch_rows, sft_cfg.max_seq_len)

@@ -24,6 +24,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from agentrl_jax.models import attention_kernels, context_parallel
+from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.kv_cache import KVCache, PagedKVCache, write_chunk, write_chunk_paged
 from agentrl_jax.models.sharding import shard
@@ -102,7 +103,7 @@ class Attention(nnx.Module):
       self.k_norm_h = _param(rngs, (h,), ("norm",), pd, "ones")
 
   def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, layer=None, cache_lengths=None, segment_ids=None,
-               chunk_lengths=None, context=None):
+               chunk_lengths=None, dropout_key=None, context=None):
     """Returns `(out [B, T, D], the updated cache arrays or None)`; `rope_cs` is `rope_angles` of the positions.
     `segment_ids` `[B, T]` (no cache; None: one sequence per row) feed the fused kernels, which build the causal +
     segment mask themselves. `context` (no cache): the rows' `context_parallel.Layout` when their tokens are
@@ -119,6 +120,7 @@ class Attention(nnx.Module):
     q = jnp.einsum("BTD,DNH->BTNH", x_btd, self.q_dnh[...].astype(dt))
     k = jnp.einsum("BTD,DKH->BTKH", x_btd, self.k_dkh[...].astype(dt))
     v = jnp.einsum("BTD,DKH->BTKH", x_btd, self.v_dkh[...].astype(dt))
+    q, k, v = (lora_lib.add(self, name, y, x_btd, dropout_key) for name, y in (("q", q), ("k", k), ("v", v)))
     if cfg.qkv_bias:
       q = q + self.q_bias_nh[...].astype(dt)
       k = k + self.k_bias_kh[...].astype(dt)
@@ -155,7 +157,7 @@ class Attention(nnx.Module):
     else:
       out = attention_kernels.causal_blocked_attention(qg, k, v, mask_bts, scale, cfg.attention_block)
     out = out.reshape(b, t, cfg.num_heads, cfg.head_dim)
-    out = jnp.einsum("BTNH,NHD->BTD", out, self.o_nhd[...].astype(dt))
+    out = lora_lib.add(self, "o", jnp.einsum("BTNH,NHD->BTD", out, self.o_nhd[...].astype(dt)), out, dropout_key)
     return shard(out, ("batch", "seq", "act_embed")), new_cache
 
 
@@ -222,10 +224,16 @@ class MLP(nnx.Module):
     self.up_df = _param(rngs, (d, f), ("embed", "mlp"), pd)
     self.down_fd = _param(rngs, (f, d), ("mlp", "embed"), pd)
 
-  def __call__(self, x_btd):
+  def __call__(self, x_btd, dropout_key=None):
     dt = self.cfg.jnp_dtype
-    fn = mlp_for_platform(attention_kernels.target_platform())
-    return fn(x_btd, self.gate_df[...].astype(dt), self.up_df[...].astype(dt), self.down_fd[...].astype(dt))
+    gate_df, up_df, down_fd = (w[...].astype(dt) for w in (self.gate_df, self.up_df, self.down_fd))
+    if lora_lib.has_adapters(self, ("gate", "up", "down")):  # adapters beside the frozen products (autodiff)
+      gate = lora_lib.add(self, "gate", jnp.einsum("BTD,DF->BTF", x_btd, gate_df), x_btd, dropout_key)
+      up = lora_lib.add(self, "up", jnp.einsum("BTD,DF->BTF", x_btd, up_df), x_btd, dropout_key)
+      act_btf = shard(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))
+      out = lora_lib.add(self, "down", jnp.einsum("BTF,FD->BTD", act_btf, down_fd), act_btf, dropout_key)
+      return shard(out, ("batch", "seq", "act_embed"))
+    return mlp_for_platform(attention_kernels.target_platform())(x_btd, gate_df, up_df, down_fd)
 
 
 class DecoderLayer(nnx.Module):
@@ -239,12 +247,13 @@ class DecoderLayer(nnx.Module):
     self.mlp = MLP(cfg, rngs=rngs)
 
   def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, layer=None, cache_lengths=None, segment_ids=None,
-               chunk_lengths=None, context=None):
+               chunk_lengths=None, dropout_key=None, context=None):
     eps = self.cfg.rms_norm_eps
+    keys = (None, None) if dropout_key is None else tuple(jax.random.split(dropout_key))
     h, new_cache = self.attn(rms_norm(x_btd, self.attn_norm_d[...], eps), rope_cs, mask_bts, cache_kv, layer,
-                             cache_lengths, segment_ids, chunk_lengths, context)
+                             cache_lengths, segment_ids, chunk_lengths, keys[0], context)
     x_btd = x_btd + h
-    x_btd = x_btd + self.mlp(rms_norm(x_btd, self.mlp_norm_d[...], eps))
+    x_btd = x_btd + self.mlp(rms_norm(x_btd, self.mlp_norm_d[...], eps), keys[1])
     return x_btd, new_cache
 
 
@@ -290,6 +299,7 @@ class Qwen(nnx.Module):
       cache: KVCache | PagedKVCache | None = None,
       chunk_lengths: Int[Array, "B"] | None = None,
       return_hidden: bool = False,
+      dropout_key: jax.Array | None = None,
       in_context_layout: bool = False,
   ) -> tuple[Float[Array, "B T V"] | Float[Array, "B T D"], KVCache | PagedKVCache | None]:
     """Runs the decoder.
@@ -302,6 +312,7 @@ class Qwen(nnx.Module):
       chunk_lengths: `[B]` valid tokens of each row's chunk (cache mode); default T for every row.
       return_hidden: return the final normalised hidden states `[B, T, D]` instead of logits (for chunked
         log-prob computation; see `unembed`).
+      dropout_key: LoRA dropout on the adapters' inputs (training updates; no-cache mode); None: none.
       in_context_layout: no-cache mode under a mesh whose `context` axis splits the rows' tokens
         (`context_parallel.layout_for`): `tokens`, `positions` (then required) and `segment_ids` are already in
         the load-balanced layout, and so is the output. By default the model puts them in it and the output
@@ -358,7 +369,7 @@ class Qwen(nnx.Module):
     rope_cs = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
     arrays = None if cache is None else cache.arrays()
     x, arrays = self._run_layers(x, rope_cs, mask, arrays, None if cache is None else cache.lengths, segs,
-                                 chunk_lengths, layout)
+                                 chunk_lengths, None if cache is not None else dropout_key, layout)
     x = rms_norm(x, self.final_norm_d[...], cfg.rms_norm_eps)
     if layout is not None and not in_context_layout:
       x = shard(context_parallel.from_layout(x, layout), ("batch", "seq", "act_embed"))
@@ -369,15 +380,17 @@ class Qwen(nnx.Module):
       return x, new_cache
     return self.unembed(x), new_cache
 
-  def _run_layers(self, x, rope_cs, mask, arrays, lengths, segs, chunk_lengths, layout=None):
+  def _run_layers(self, x, rope_cs, mask, arrays, lengths, segs, chunk_lengths, dropout_key=None, layout=None):
     """The decoder stack over the stacked layer params: one scanned body or L unrolled calls (module
     docstring). `arrays` are the stacked cache arrays (cache mode), carried through the layers and updated in
-    place; returns `(x, arrays)`."""
+    place; returns `(x, arrays)`. `dropout_key` (no-cache mode): split into one key per layer."""
     cfg = self.cfg
     layer_def, stacked = nnx.split(self.layers)
+    keys = None if dropout_key is None else jax.random.split(dropout_key, cfg.num_layers)
 
-    def one(state, x, arrays, i):
-      return nnx.merge(layer_def, state)(x, rope_cs, mask, arrays, i, lengths, segs, chunk_lengths, layout)
+    def one(state, x, arrays, i, key=None):
+      return nnx.merge(layer_def, state)(x, rope_cs, mask, arrays, i, lengths, segs, chunk_lengths, key,
+                                         layout)
 
     if arrays is not None and isinstance(arrays[0], tuple):  # a cache of one array per layer (`per_layer`)
       out = []
@@ -387,12 +400,12 @@ class Qwen(nnx.Module):
       return x, tuple(zip(*out))
     if cfg.scan_layers:
       if arrays is None:
-        def body(x, state):
-          return one(state, x, None, None)[0], None
+        def body(x, xs):
+          return one(xs[0], x, None, None, xs[1])[0], None
 
         if cfg.remat:
           body = jax.checkpoint(body, prevent_cse=False)  # inside a scan, CSE cannot merge the recomputation
-        x, _ = jax.lax.scan(body, x, stacked)
+        x, _ = jax.lax.scan(body, x, (stacked, keys))
         return x, None
 
       def cached_body(carry, xs):
@@ -402,7 +415,7 @@ class Qwen(nnx.Module):
       return x, arrays
     step = jax.checkpoint(one, static_argnums=(3,)) if cfg.remat and arrays is None else one
     for i, state in enumerate(unstack_layers(stacked, cfg.num_layers)):
-      x, arrays = step(state, x, arrays, i)
+      x, arrays = step(state, x, arrays, i, None if keys is None else keys[i])
     return x, arrays
 
   def unembed(self, hidden: Float[Array, "... D"]) -> Float[Array, "... V"]:

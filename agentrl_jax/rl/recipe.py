@@ -29,11 +29,12 @@ import os
 import ml_collections
 
 from agentrl_jax.models import loading
+from agentrl_jax.models import lora
 
 # The real AIME 2024 copy shipped beside the project checkout (../shared/data); never copied into the repo.
 SHARED_AIME2024 = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
                                                 "shared", "data", "aime2024.jsonl"))
-_TRAINING_BLOCKS = ("rl", "optimizer", "eval", "checkpoint", "log_every_steps", "samples_every_steps",
+_TRAINING_BLOCKS = ("rl", "optimizer", "lora", "eval", "checkpoint", "log_every_steps", "samples_every_steps",
                     "samples_per_log", "wandb_project")
 
 
@@ -109,6 +110,9 @@ def rl_config(**model) -> ml_collections.ConfigDict:
   config.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=1e-6, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, grad_clip=1.0, schedule="constant",
       warmup_steps=0))
+  # LoRA adapters instead of full fine-tuning when rank > 0 (`models.lora`: targets by pattern over q, k, v, o,
+  # gate, up, down); only they train, checkpoints hold only them, the KL reference is the base itself.
+  config.lora = lora.config_block()
   config.eval = ml_collections.ConfigDict(dict(
       sources=[],                    # e.g. recipe.eval_sources("/data/eval")
       every_steps=10, at_start=True, n=32, temperature=1.0, top_p=0.6, top_k=0, ks=[1, 8, 16, 32],
@@ -182,6 +186,7 @@ def sft_config(**model) -> ml_collections.ConfigDict:
   ))
   config.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=1e-5, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01, grad_clip=1.0, min_lr_ratio=0.0))
+  config.lora = lora.config_block()  # rank > 0: LoRA adapters instead of full fine-tuning (`models.lora`)
   config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, context=1, tensor=1, num_devices=0))  # 0: all
   config.checkpoint = ml_collections.ConfigDict(dict(every_steps=62, max_to_keep=3, async_save=True))
   config.log_every_steps = 10

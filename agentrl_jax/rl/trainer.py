@@ -34,7 +34,6 @@ import logging
 import os
 import time
 
-from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -42,8 +41,10 @@ import numpy as np
 
 from agentrl_jax import checkpoint as ckpt_lib
 from agentrl_jax import compile_stats, data, metrics_writer, multihost, rewards
+from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.evaluation import runner as eval_runner
 from agentrl_jax.models import loading
+from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.rl import advantages as adv_lib
 from agentrl_jax.rl import batch as batch_lib
@@ -119,24 +120,24 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
            prepared.num_examples, prepared.num_skipped, rl.prompts_per_step, n, total_steps, len(eval_records))
 
   # ---------------------------------------------------------------------------------------------- model & state
-  opt_cfg = update_lib.OptimizerConfig(**config.optimizer)
+  opt_cfg = train_state_lib.OptimizerConfig(**config.optimizer)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), ckpt_cfg)
   counters = {"episodes": 0, "prompts": 0, "skipped_prompts": 0, "dropped_groups": 0, "generated_tokens": 0,
               "infra_failures": 0, "nonfinite_steps": 0}
   max_infra_frac, max_nonfinite = rl.max_infra_failure_frac, rl.max_consecutive_nonfinite_steps
   model_block = embedded_tokenizer.fill_model_block(config.model)
   tokenizer, model_cfg = loading.tokenizer_and_config(model_block)
-  ref_params = None
-  graphdef, state, rng, step, restored_meta = update_lib.init_or_restore_train_state(
-      ckpt, model_block, model_cfg, opt_cfg, mesh, root_key=root, init_key=init_key, data_iterator=data_iter)
+  lora = lora_lib.LoraConfig.from_block(config.get("lora"))  # rank 0: full fine-tuning
+  graphdef, state, rng, step, restored_meta = train_state_lib.init_or_restore_train_state(
+      ckpt, model_block, model_cfg, opt_cfg, mesh, root_key=root, init_key=init_key, data_iterator=data_iter,
+      lora=lora)
   if step:
     counters.update(restored_meta.get("counters", {}))
     log.info("rl: resumed at step %d of %d", step, total_steps)
-  if loss_cfg.needs_reference:  # the KL term's frozen reference: the initial policy (loaded only when KL is on)
-    _, ref_model = loading.load_policy(model_block, mesh, init_key)
-    ref_params = nnx.state(ref_model)
-    del ref_model
-  shardings = update_lib.train_state_shardings(state, mesh)
+  reference = None  # the KL term's frozen reference (only when KL is on): the initial policy, or with LoRA the base
+  if loss_cfg.needs_reference:
+    reference = train_state_lib.reference_policy(model_block, mesh, init_key, lora)
+  shardings = train_state_lib.train_state_shardings(state, mesh)
   update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh, micro_batch_size=rl.micro_batch_size,
                                      temperature=config.rollout.temperature,
                                      logits_chunk_size=rl.logits_chunk_size or None)
@@ -158,11 +159,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   # The tokenizer goes into the metadata so that an export (`python -m agentrl_jax.checkpoint`) can ship it.
   meta = {"model_config": dataclasses.asdict(model_cfg), "total_steps": total_steps,
-          "tokenizer_path": model_block.get("tokenizer_path") or model_block.get("hf_path") or ""}
+          "tokenizer_path": model_block.get("tokenizer_path") or model_block.get("hf_path") or "",
+          **train_state_lib.checkpoint_metadata(model_block, init_key, lora)}
 
   def save(step, force=False):
-    return ckpt.maybe_save(step, {"train": state, "rng": rng}, data_iterator=data_iter, force=force,
-                           metadata={**meta, "counters": counters})
+    return ckpt.maybe_save(step, {"train": train_state_lib.checkpointed(state), "rng": rng},
+                           data_iterator=data_iter, force=force, metadata={**meta, "counters": counters})
 
   def run_eval(step):
     metrics, rows = eval_runner.evaluate(eval_engine, state.params, eval_records, n=config.eval.n,
@@ -274,8 +276,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
           arrays["old_logp"] = arrays["sampler_logp"]
         else:
           arrays["old_logp"] = logprobs(state.params, scoring)
-        if ref_params is not None:
-          arrays["ref_logp"] = logprobs(ref_params, scoring)
+        if reference is not None:
+          arrays["ref_logp"] = logprobs(reference(state.params), scoring)
         if loss_cfg.tis_cap is None:
           arrays.pop("sampler_logp")
         minis.append(arrays)

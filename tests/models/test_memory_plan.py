@@ -64,14 +64,15 @@ def test_plan_state_bytes_equal_the_compiled_update_steps_arguments(data, fsdp, 
   bytes are the plan's params + AdamW moments, plus the batch rows and the scalars (step, Adam count, key)."""
   import jax.numpy as jnp
 
+  from agentrl_jax import train_state as train_state_lib
   from agentrl_jax.rl import losses
   from agentrl_jax.rl import update as update_lib
 
   cfg = ModelConfig.tiny_qwen3(vocab_size=512, num_heads=4, num_kv_heads=2)
   mesh = sharding_lib.make_mesh(data, fsdp, tensor)
-  opt_cfg = update_lib.OptimizerConfig()
-  graphdef, abstract = update_lib.abstract_train_state(cfg, opt_cfg, mesh)
-  shardings = update_lib.train_state_shardings(abstract, mesh)
+  opt_cfg = train_state_lib.OptimizerConfig()
+  graphdef, abstract = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh)
+  shardings = train_state_lib.train_state_shardings(abstract, mesh)
   update = update_lib.make_update_fn(graphdef, shardings, losses.LossConfig(), opt_cfg, mesh, micro_batch_size=8,
                                      logits_chunk_size=None)
   b, t = 8, 64
