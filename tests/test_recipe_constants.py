@@ -177,10 +177,12 @@ IMPLEMENTATION = (
     "eval_root",                                     # job plumbing, logging, seeds (not portable across stacks)
     "mesh.", "sampler_mesh.",                        # device layouts (verl: FSDP + Ulysses sp=4 on 8 GPUs)
     "model.checkpoint", "model.checkpoint_step", "model.hf_path", "model.tokenizer_path",  # local paths
-    "model.dtype", "model.param_dtype", "model.attention_impl", "model.scan_layers", "model.context_strategy",  # bf16 compute on fp32
+    "model.dtype", "model.param_dtype", "model.attention_impl", "model.scan_layers",  # bf16 compute on fp32
                                                      # master weights, scanned layers, the
                                                      # attention kernel by backend (verl's FSDP mixed
                                                      # precision); the SFT's fp32 is in the table
+    "model.context_strategy", "model.kv_cache_dtype",  # context parallelism's attention; the rollout cache's
+                                                     # storage (verl: vLLM's kv_cache_dtype)
     "data.data_dir", "data.path", "data.train_path", "data.train_schema", "data.skip_malformed",
     "data.toy_",                                     # data plumbing and the embedded CPU task
     "prompt_style.",                                 # the reference's prompt texts live in agentrl_jax/data/prompts.py

@@ -86,6 +86,14 @@ class Plan:
   parameters when the sampler reads them in place (same mesh)."""
 
 
+def _lora(config: ml_collections.ConfigDict):
+  """The config's LoRA adapters (its `lora` block with rank > 0), or None (full fine-tuning)."""
+  from agentrl_jax.models import lora as lora_lib
+
+  lora = lora_lib.LoraConfig.from_block(config.get("lora"))
+  return lora if lora.enabled else None
+
+
 def _abstract(x, sharding=None):
   return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
@@ -116,7 +124,7 @@ def _param_bytes(cfg: ModelConfig) -> float:
 
 
 def _cache_bytes_per_token(cfg: ModelConfig) -> float:
-  return 2.0 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
+  return 2.0 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.jnp_kv_dtype).itemsize
 
 
 def train_work(cfg: ModelConfig, rows: int, seq: int, *, backward: bool, causal_tokens: float | None = None
@@ -163,7 +171,8 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
   tokenizer, cfg, source = target_lib.tokenizer_and_config(config.model, t)
   loss_cfg = losses.LossConfig(**rl.loss)
   opt_cfg = train_state_lib.OptimizerConfig(**config.optimizer)
-  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh)
+  lora = _lora(config)
+  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh, lora)
   shardings = train_state_lib.train_state_shardings(state, mesh)
   temp = config.rollout.temperature
   chunk = rl.logits_chunk_size or None
@@ -295,7 +304,7 @@ def sft_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Pla
   sft_cfg = step_lib.SFTConfig(**s)
   opt = dict(config.optimizer)
   opt_cfg = train_state_lib.OptimizerConfig(**opt, schedule="cosine", total_steps=1000, warmup_steps=100)
-  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh)
+  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh, _lora(config))
   shardings = train_state_lib.train_state_shardings(state, mesh)
   train_step = step_lib.make_train_step(graphdef, shardings, opt_cfg, mesh, micro_rows=sft_cfg.micro_batch_rows,
                                         seq_len=sft_cfg.max_seq_len, logits_chunk_size=sft_cfg.logits_chunk_size)

@@ -368,7 +368,7 @@ def paged_attention_reference(q: Float[Array, "Q N H"], kv_pages: Float[Array, "
   b, pages = page_indices.shape
   _, page, ck, _ = kv_pages.shape
   nk = ck // 2
-  kv = kv_pages[page_indices].reshape(b, pages * page, ck, h)  # [B, S, 2K, H]
+  kv = kv_pages[page_indices].reshape(b, pages * page, ck, h).astype(q.dtype)  # [B, S, 2K, H]
   k, v = kv[:, :, 0::2], kv[:, :, 1::2]
   t = max_q_len or nq
   cu_q_lens = jnp.where(jnp.arange(b + 1) <= num_seqs[0], cu_q_lens, cu_q_lens[num_seqs[0]])  # later rows: none
@@ -420,7 +420,11 @@ def ragged_paged_attention(qg: Float[Array, "B T K G H"], kv: Float[Array, "B L 
     else:
       from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
 
-      out = rpa.ragged_paged_attention(*args, sm_scale=scale, **_kernel_block_sizes(pages_per_row, bl * t))
+      # An 8-bit cache (`ModelConfig.kv_cache_dtype`) is read through the kernel's scales (1: stored as is), which
+      # convert it to the queries' dtype.
+      scales = dict(k_scale=1.0, v_scale=1.0) if jnp.dtype(kv.dtype).itemsize == 1 else {}
+      out = rpa.ragged_paged_attention(*args, sm_scale=scale, **scales,
+                                       **_kernel_block_sizes(pages_per_row, bl * t))
     return _unpack(out, cu, t).reshape(bl, t, nk_l, g, h).astype(qg.dtype)
 
   mesh = jax.sharding.get_abstract_mesh()

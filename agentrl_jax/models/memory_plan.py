@@ -129,14 +129,19 @@ def rows_that_fit(cfg: ModelConfig, seq: int, hbm: int, mesh_shape: dict[str, in
   return max(free // per_unit, 0) * unit
 
 
-def param_bytes(cfg: ModelConfig, mesh_shape: dict[str, int]) -> int:
-  """Exact parameter bytes per device under the project's sharding rules."""
+def param_bytes(cfg: ModelConfig, mesh_shape: dict[str, int], lora=None, *, adapters_only: bool = False) -> int:
+  """Exact parameter bytes per device under the project's sharding rules; `lora` (a `lora.LoraConfig`): with
+  its adapters, or (`adapters_only`) the adapters alone."""
   from flax import nnx
 
   from agentrl_jax.models import hf_io
+  from agentrl_jax.models import lora as lora_lib
 
   mesh = _abstract_mesh(mesh_shape)
-  state = nnx.state(hf_io.abstract_model(cfg))
+  model = hf_io.abstract_model(cfg)
+  if lora is not None and lora.enabled:
+    lora_lib.apply(model, lora, jax.random.key(0))
+  state = nnx.state(model, nnx.LoRAParam if adapters_only else nnx.Param)
   total = 0
   for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable)):
     value = v.get_value()
@@ -153,7 +158,7 @@ def kv_cache_bytes(cfg: ModelConfig, rows: int, seq: int, mesh_shape: dict[str, 
   nl, k, h = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
   for shape, axes in (((rows, nl, k, h, seq), kv_cache.K_AXES), ((rows, nl, k, seq, h), kv_cache.V_AXES)):
     spec = sharding_lib.logical_to_spec(axes, shape, mesh)
-    total += _per_device(shape, spec, mesh_shape) * _itemsize(cfg.dtype)
+    total += _per_device(shape, spec, mesh_shape) * _itemsize(cfg.kv_cache_dtype or cfg.dtype)
   return total
 
 
@@ -235,7 +240,7 @@ def residual_bytes(cfg: ModelConfig, tokens: int, *, remat: bool, tensor: int = 
 
 
 def plan(cfg: ModelConfig, *, chips: int, hbm: int, seq: int, rows: int, data: int = 1, tensor: int = 1,
-         context: int = 1, micro_rows: int = 1, logits_chunk: int = 1024) -> Plan:
+         context: int = 1, micro_rows: int = 1, logits_chunk: int = 1024, lora=None) -> Plan:
   """The memory plan of `cfg` on `chips` chips as a (data, fsdp = chips / data / context / tensor, context,
   tensor) mesh.
 
@@ -244,12 +249,16 @@ def plan(cfg: ModelConfig, *, chips: int, hbm: int, seq: int, rows: int, data: i
     rows: rollout rows decoded together across the slice (the KV cache's batch).
     context: devices a training row's tokens are split over (context parallelism: each holds seq / context).
     micro_rows: training rows per micro-batch and row shard (the data x fsdp devices' groups).
+    lora: a `lora.LoraConfig` with rank > 0: the params carry its adapters, and only they have AdamW moments and
+      gradients (the frozen base has neither).
   """
   if chips % (data * tensor * context):
     raise ValueError(f"memory_plan: data={data} x context={context} x tensor={tensor} does not divide {chips} chips")
   mesh_shape = {"data": data, "fsdp": chips // (data * tensor * context), "context": context, "tensor": tensor}
-  p = param_bytes(cfg, mesh_shape)
-  master = p // _itemsize(cfg.param_dtype)  # elements; the moments and the accumulator are float32
+  lora = lora if lora is not None and lora.enabled else None
+  p = param_bytes(cfg, mesh_shape, lora)
+  trained = p if lora is None else param_bytes(cfg, mesh_shape, lora, adapters_only=True)
+  master = trained // _itemsize(cfg.param_dtype)  # elements; the moments and the accumulator are float32
   tokens = micro_rows * seq // context
   decode_working = decode_bytes(cfg, p)
   cp = context_bytes(cfg, micro_rows * seq, tensor, context)
@@ -274,6 +283,12 @@ def format_plan(name: str, slice_name: str, p: Plan, *, seq: int, rows: int) -> 
   return "\n".join(lines)
 
 
+def _lora(rank: int):
+  from agentrl_jax.models import lora as lora_lib
+
+  return lora_lib.LoraConfig(rank=rank) if rank else None
+
+
 def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--model", default="qwen3_4b", help="a ModelConfig size (qwen3_4b, qwen2p5_7b, ...)")
@@ -284,13 +299,14 @@ def main(argv=None) -> dict:
   ap.add_argument("--tensor", type=int, default=1)
   ap.add_argument("--context", type=int, default=1, help="devices a training row's tokens are split over")
   ap.add_argument("--micro-rows", type=int, default=1)
+  ap.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank on every projection")
   ap.add_argument("--dtype", default="bfloat16", help="compute (and KV cache) dtype")
   ap.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
   args = ap.parse_args(argv)
   cfg = ModelConfig.by_name(args.model, dtype=args.dtype)
   chips, hbm = parse_slice(args.slice)
   p = plan(cfg, chips=chips, hbm=hbm, seq=args.seq, rows=args.rows, data=args.data, tensor=args.tensor,
-           context=args.context, micro_rows=args.micro_rows)
+           context=args.context, micro_rows=args.micro_rows, lora=_lora(args.lora_rank))
   out = {"model": args.model, "slice": args.slice, "seq": args.seq, "rows": args.rows, "mesh": p.mesh,
          **{k: v for k, v in dataclasses.asdict(p).items() if k != "mesh"}, "train_total": p.train_total,
          "rollout_total": p.rollout_total}

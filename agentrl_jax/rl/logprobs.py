@@ -13,6 +13,8 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, Int
 
+from agentrl_jax.models import sharding
+
 # ------------------------------------------------------------------------------------------------------------
 # Token log-probs and entropy
 # ------------------------------------------------------------------------------------------------------------
@@ -51,7 +53,16 @@ def _chunks(x: jax.Array, chunk: int, shards: int = 1) -> jax.Array:
   b, t = x.shape[:2]
   x = x.reshape(b, shards, t // (shards * chunk), chunk, *x.shape[2:])
   x = jnp.moveaxis(x, 2, 0)
-  return x.reshape(x.shape[0], b, shards * chunk, *x.shape[4:])
+  x = x.reshape(x.shape[0], b, shards * chunk, *x.shape[4:])
+  return _per_device(x, (None, "batch", "seq"), shards)
+
+
+def _per_device(x: jax.Array, axes: tuple, shards: int) -> jax.Array:
+  """With T split over `shards` > 1 devices, pins `x`'s token axis to the context axis (axes: its leading
+  dims' logical names), so each chunk's logits are computed a device's share at a time; else `x` as is."""
+  if shards == 1:
+    return x
+  return sharding.shard(x, axes + (None,) * (x.ndim - len(axes)))
 
 
 def _unchunks(x: jax.Array, shards: int = 1) -> jax.Array:
@@ -170,7 +181,7 @@ def _fused_lm_head(hidden, unembed_dv, tokens, temperature: float, chunk: int, s
 def _fused_lm_head_fwd(hidden, unembed_dv, tokens, temperature, chunk, shards):
   def one(args):
     h, tk = args
-    z = _chunk_logits(h, unembed_dv, temperature)
+    z = _per_device(_chunk_logits(h, unembed_dv, temperature), ("batch", "seq", "act_vocab"), shards)
     z_max = jnp.max(z, axis=-1, keepdims=True)
     zs = z - z_max  # O(1) lse and E_p[z]: see _logp_entropy
     e = jnp.exp(zs)
@@ -194,7 +205,7 @@ def _fused_lm_head_bwd(temperature, chunk, shards, res, cotangents):
 
   def one(dw, args):
     h, tk, m, l, mz, glp, gent = args
-    zs = _chunk_logits(h, w, temperature) - m[..., None]
+    zs = _per_device(_chunk_logits(h, w, temperature), ("batch", "seq", "act_vocab"), shards) - m[..., None]
     p = jnp.exp(zs - l[..., None])
     onehot = jnp.arange(v, dtype=jnp.int32) == tk[..., None]
     dz = jnp.where(onehot, glp[..., None], 0.0) - p * (glp[..., None] + gent[..., None] * (zs - mz[..., None]))

@@ -125,6 +125,45 @@ def rl_config(**model) -> ml_collections.ConfigDict:
   return config
 
 
+# The recipe's RL config on each TPU generation's 16-chip slice: the layout, the rollout rows, and where the
+# chips' HBM requires it LoRA and an 8-bit KV cache. Each entry is proved by the TPU compiler from a CPU host
+# (`python -m agentrl_jax.aot --config=configs/demystify_<size>.py:<family> --topology=<topology>`; README,
+# "Choosing the axes for a slice"); the default config (no argument) is the v5p layout.
+#   context       devices each 23,040-token row's tokens are split over (context parallelism; fsdp takes the
+#                 rest): what lets a 16 GiB v5e chip hold a row's activations
+#   micro         rows per micro-batch of the update and scoring (one row per row shard)
+#   rows, groups  rollout row slots, and prompts per prefill call (rows / n, so one call fills every slot)
+#   lora          adapter rank (0: full fine-tuning); alpha = 2 x rank, learning rate 10x the recipe's 1e-6
+#                 (LoRA's best learning rate runs ~10x full fine-tuning's: Thinking Machines, "LoRA Without
+#                 Regret", 2025)
+#   kv            the rollout cache's storage dtype ("": bf16)
+SLICE_LAYOUTS = {
+    ("qwen3_4b", "v5e"): dict(topology="v5e:4x4", context=2, micro=8, rows=48, groups=3, lora=0, kv=""),
+    ("qwen3_4b", "v6e"): dict(topology="v6e:4x4", context=1, micro=16, rows=256, groups=8, lora=64,
+                              kv="float8_e4m3fn"),
+    ("qwen2p5_7b", "v5e"): dict(topology="v5e:4x4", context=2, micro=8, rows=128, groups=8, lora=64, kv=""),
+    ("qwen2p5_7b", "v6e"): dict(topology="v6e:4x4", context=2, micro=8, rows=256, groups=8, lora=64, kv=""),
+}
+SLICE_FAMILIES = ("v5e", "v6e")
+LORA_LEARNING_RATE = 1e-5  # 10x the recipe's full fine-tuning rate
+
+
+def for_slice(config: ml_collections.ConfigDict, size: str, family: str) -> ml_collections.ConfigDict:
+  """Sets `config` (an `rl_config`) to `SLICE_LAYOUTS[(size, family)]`: mesh, micro-batch, rollout rows,
+  LoRA and KV cache storage for that generation's 16-chip slice."""
+  if (size, family) not in SLICE_LAYOUTS:
+    raise ValueError(f"recipe.for_slice: no layout for {size} on {family}; known: {sorted(SLICE_LAYOUTS)}")
+  s = SLICE_LAYOUTS[(size, family)]
+  config.mesh.update(data=1, fsdp=-1, context=s["context"], tensor=1)
+  config.rl.micro_batch_size = s["micro"]
+  config.rollout.update(batch_size=s["rows"], groups_per_prefill=s["groups"])
+  config.model.kv_cache_dtype = s["kv"]
+  if s["lora"]:
+    config.lora.update(rank=s["lora"], alpha=2.0 * s["lora"])
+    config.optimizer.learning_rate = LORA_LEARNING_RATE
+  return config
+
+
 def shrink_for_smoke(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The same experiment at CPU size: tiny model, the embedded arithmetic task, a few short steps (and tool limits
   a CPU machine can afford)."""

@@ -16,11 +16,11 @@ def _shard_bytes(arrays):
   return sum(a.addressable_shards[0].data.nbytes for a in arrays)
 
 
-@pytest.mark.parametrize("data,fsdp,tensor", [(1, 8, 1), (1, 4, 2), (2, 2, 2)])
-def test_param_and_cache_bytes_equal_the_sharded_arrays(data, fsdp, tensor):
+@pytest.mark.parametrize("data,fsdp,context,tensor", [(1, 8, 1, 1), (1, 4, 1, 2), (2, 2, 1, 2), (1, 2, 2, 2)])
+def test_param_and_cache_bytes_equal_the_sharded_arrays(data, fsdp, context, tensor):
   cfg = ModelConfig.tiny_qwen3(vocab_size=512, dtype="bfloat16", num_heads=4, num_kv_heads=2)
-  mesh = sharding_lib.make_mesh(data, fsdp, tensor)
-  shape = {"data": data, "fsdp": fsdp, "tensor": tensor}
+  mesh = sharding_lib.make_mesh(data, fsdp, tensor, context=context)
+  shape = {"data": data, "fsdp": fsdp, "context": context, "tensor": tensor}
   model = loading.init_model(cfg, jax.random.key(0), mesh)
   assert memory_plan.param_bytes(cfg, shape) == _shard_bytes(jax.tree.leaves(nnx.state(model)))
   with jax.set_mesh(mesh):
@@ -55,7 +55,7 @@ def test_cli_prints_one_json_line(capsys):
   memory_plan.main(["--model", "qwen2p5_7b", "--slice", "v6e-16", "--seq", "8192", "--rows", "32", "--tensor", "2",
                     "--json"])
   out = json.loads(capsys.readouterr().out)
-  assert out["mesh"] == {"data": 1, "fsdp": 8, "tensor": 2} and out["kv_cache"] > 0
+  assert out["mesh"] == {"data": 1, "fsdp": 8, "context": 1, "tensor": 2} and out["kv_cache"] > 0
 
 
 @pytest.mark.parametrize("data,fsdp,tensor", [(1, 8, 1), (1, 4, 2)])
