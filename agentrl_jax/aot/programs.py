@@ -25,6 +25,7 @@ import numpy as np
 
 from agentrl_jax.aot import target as target_lib
 from agentrl_jax.bench import common
+from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import memory_plan
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rl import losses
@@ -160,7 +161,8 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
   tokenizer, cfg, source = target_lib.tokenizer_and_config(config.model, t)
   loss_cfg = losses.LossConfig(**rl.loss)
   opt_cfg = train_state_lib.OptimizerConfig(**config.optimizer)
-  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh)
+  lora = lora_lib.LoraConfig.from_block(config.get("lora"))
+  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh, lora if lora.enabled else None)
   shardings = train_state_lib.train_state_shardings(state, mesh)
   temp = config.rollout.temperature
   chunk = rl.logits_chunk_size or None
@@ -292,7 +294,8 @@ def sft_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Pla
   sft_cfg = step_lib.SFTConfig(**s)
   opt = dict(config.optimizer)
   opt_cfg = train_state_lib.OptimizerConfig(**opt, schedule="cosine", total_steps=1000, warmup_steps=100)
-  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh)
+  lora = lora_lib.LoraConfig.from_block(config.get("lora"))
+  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh, lora if lora.enabled else None)
   shardings = train_state_lib.train_state_shardings(state, mesh)
   train_step = step_lib.make_train_step(graphdef, shardings, opt_cfg, mesh, micro_rows=sft_cfg.micro_batch_rows,
                                         seq_len=sft_cfg.max_seq_len, logits_chunk_size=sft_cfg.logits_chunk_size)
