@@ -201,16 +201,21 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
     notes.append("the reference model's scoring pass is the policy's logprobs program (same shapes and layout)")
   rcfg = engine_lib.rollout_config(config.rollout)
   ro = config.rollout
-  programs += rollout_programs(graphdef, cfg, tokenizer, rcfg, smesh, state.params, n=rl.n, kind="rollout",
+  # The sampler's policy (`train_state.sampler_policy`): the train state's params, or with LoRA merged weights.
+  sgraphdef, to_sampler = train_state_lib.sampler_policy(graphdef, state.params, mesh)
+  sparams = jax.eval_shape(to_sampler, state.params)
+  programs += rollout_programs(sgraphdef, cfg, tokenizer, rcfg, smesh, sparams, n=rl.n, kind="rollout",
                                temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k)
   ev = config.get("eval")
   if ev is not None:
-    programs += rollout_programs(graphdef, cfg, tokenizer, rcfg, smesh, state.params, n=ev.n, kind="eval",
+    programs += rollout_programs(sgraphdef, cfg, tokenizer, rcfg, smesh, sparams, n=ev.n, kind="eval",
                                  temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k)
     if not ev.sources:
       notes.append("eval/* programs: compiled by a run when config.eval.sources is set (the recipe's command "
                    "sets it)")
-  resident = device_bytes(state) - (device_bytes(state.params) if smesh is mesh else 0)
+  # The sampler reads the train state's params in place on the same mesh (not LoRA's merged copy: counted as the
+  # rollout programs' arguments).
+  resident = device_bytes(state) - (device_bytes(state.params) if smesh is mesh and not lora.enabled else 0)
   return Plan(programs, cfg, source, notes, resident)
 
 
