@@ -276,6 +276,33 @@ def checkpoint_metadata(model_block, init_key: jax.Array, lora: lora_lib.LoraCon
                    "init_key": np.asarray(jax.random.key_data(init_key)).tolist()}}
 
 
+def sampler_policy(graphdef: nnx.GraphDef, params: nnx.State, mesh: Mesh
+                   ) -> tuple[nnx.GraphDef, Callable[[nnx.State], nnx.State]]:
+  """(graphdef, to_sampler) of the policy the sampler runs, from the train state's graph and (abstract or
+  concrete) params: the same model, read in place (`to_sampler` is the identity), or with LoRA the plain model
+  with the adapters folded into its weights (W + alpha / r A B), merged by one jitted call per weight update and
+  stored in the compute dtype its matmuls read (a bfloat16 copy beside float32 master weights on TPU; the model
+  casts every weight to that dtype anyway, so the sampler computes what the adapted model computes, up to the
+  merge's rounding).
+
+  Why merged (README, LoRA): a decode step with the adapters beside each projection was 1.3-1.4x slower on the
+  CPU (`bench/lora.py`) and compiles to a larger program on TPU (`python -m agentrl_jax.aot`), while one merge
+  costs less than a decode step.
+  """
+  if split_trainable(params)[1] is None:
+    return graphdef, lambda p: p
+  dtype = nnx.merge(graphdef, params).cfg.jnp_dtype
+
+  def to_sampler(p):
+    merged = lora_lib.merge_params(graphdef, p)[1]
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, merged)
+
+  plain_def, abstract = nnx.split(nnx.eval_shape(lambda p: lora_lib.merged(nnx.merge(graphdef, p)), params))
+  out_shardings = sharding_lib.state_shardings(jax.eval_shape(to_sampler, params), mesh)
+  del abstract
+  return plain_def, jax.jit(to_sampler, out_shardings=out_shardings)
+
+
 def reference_policy(model_block, mesh: Mesh, init_key: jax.Array, lora: lora_lib.LoraConfig | None
                      ) -> Callable[[nnx.State], nnx.State]:
   """The KL term's frozen reference as a function of the current policy params (call it when scoring: the update

@@ -219,3 +219,25 @@ def test_abstract_lora_train_state_has_adapter_moments_only():
   base_count = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(lora.split(abstract.params)[1]))
   assert adapter_count < 0.02 * base_count  # rank 16 on a 4B model: ~0.8% of the weights
   assert isinstance(graphdef, nnx.GraphDef)
+
+
+def test_sampler_policy_is_the_state_itself_or_the_merged_adapters():
+  mesh = sharding.make_mesh(data=1, fsdp=2, tensor=2, devices=jax.devices()[:4])
+  full_def, full = train_state.init_train_state(testing.tiny_model(CFG, seed=2), OPT, mesh)
+  graphdef, to_sampler = train_state.sampler_policy(full_def, full.params, mesh)
+  assert graphdef is full_def and to_sampler(full.params) is full.params  # read in place, no copy
+
+  graphdef, state, _, _ = _run(mesh, steps=1)
+  plain_def, to_sampler = train_state.sampler_policy(graphdef, state.params, mesh)
+  merged = to_sampler(state.params)
+  assert not nnx.state(nnx.merge(plain_def, merged), nnx.LoRAParam)
+  q = merged["layers"]["attn"]["q_dnh"].get_value()
+  assert q.sharding.spec == jax.P(None, "fsdp", "tensor", None)  # laid out like the weights it replaces
+  tokens = _batch(0)["tokens"]
+  want = testing.jit_forward(nnx.merge(graphdef, state.params))(tokens)[0]
+  got = testing.jit_forward(nnx.merge(plain_def, merged))(tokens)[0]
+  assert float(jnp.max(jnp.abs(got - want))) <= 2e-5
+  # On an accelerator the merged copy is stored in the compute dtype, which is what the matmuls read.
+  bf16_def, bf16_state = train_state.abstract_train_state(CFG.replace(dtype="bfloat16"), OPT, mesh, LORA)
+  _, to_bf16 = train_state.sampler_policy(bf16_def, bf16_state.params, mesh)
+  assert {x.dtype for x in jax.tree.leaves(jax.eval_shape(to_bf16, bf16_state.params))} == {jnp.dtype(jnp.bfloat16)}

@@ -25,6 +25,7 @@ import numpy as np
 
 from agentrl_jax.aot import target as target_lib
 from agentrl_jax.bench import common
+from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import memory_plan
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rl import losses
@@ -84,14 +85,6 @@ class Plan:
   resident: int = 0
   """Per device, what an RL run keeps in HBM beside its rollout programs: its training state, less the
   parameters when the sampler reads them in place (same mesh)."""
-
-
-def _lora(config: ml_collections.ConfigDict):
-  """The config's LoRA adapters (its `lora` block with rank > 0), or None (full fine-tuning)."""
-  from agentrl_jax.models import lora as lora_lib
-
-  lora = lora_lib.LoraConfig.from_block(config.get("lora"))
-  return lora if lora.enabled else None
 
 
 def _abstract(x, sharding=None):
@@ -171,8 +164,8 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
   tokenizer, cfg, source = target_lib.tokenizer_and_config(config.model, t)
   loss_cfg = losses.LossConfig(**rl.loss)
   opt_cfg = train_state_lib.OptimizerConfig(**config.optimizer)
-  lora = _lora(config)
-  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh, lora)
+  lora = lora_lib.LoraConfig.from_block(config.get("lora"))
+  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh, lora if lora.enabled else None)
   shardings = train_state_lib.train_state_shardings(state, mesh)
   temp = config.rollout.temperature
   chunk = rl.logits_chunk_size or None
@@ -211,16 +204,21 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
     notes.append("the reference model's scoring pass is the policy's logprobs program (same shapes and layout)")
   rcfg = engine_lib.rollout_config(config.rollout)
   ro = config.rollout
-  programs += rollout_programs(graphdef, cfg, tokenizer, rcfg, smesh, state.params, n=rl.n, kind="rollout",
+  # The sampler's policy (`train_state.sampler_policy`): the train state's params, or with LoRA merged weights.
+  sgraphdef, to_sampler = train_state_lib.sampler_policy(graphdef, state.params, mesh)
+  sparams = jax.eval_shape(to_sampler, state.params)
+  programs += rollout_programs(sgraphdef, cfg, tokenizer, rcfg, smesh, sparams, n=rl.n, kind="rollout",
                                temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k)
   ev = config.get("eval")
   if ev is not None:
-    programs += rollout_programs(graphdef, cfg, tokenizer, rcfg, smesh, state.params, n=ev.n, kind="eval",
+    programs += rollout_programs(sgraphdef, cfg, tokenizer, rcfg, smesh, sparams, n=ev.n, kind="eval",
                                  temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k)
     if not ev.sources:
       notes.append("eval/* programs: compiled by a run when config.eval.sources is set (the recipe's command "
                    "sets it)")
-  resident = device_bytes(state) - (device_bytes(state.params) if smesh is mesh else 0)
+  # The sampler reads the train state's params in place on the same mesh (not LoRA's merged copy: counted as the
+  # rollout programs' arguments).
+  resident = device_bytes(state) - (device_bytes(state.params) if smesh is mesh and not lora.enabled else 0)
   return Plan(programs, cfg, source, notes, resident)
 
 
@@ -304,7 +302,8 @@ def sft_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Pla
   sft_cfg = step_lib.SFTConfig(**s)
   opt = dict(config.optimizer)
   opt_cfg = train_state_lib.OptimizerConfig(**opt, schedule="cosine", total_steps=1000, warmup_steps=100)
-  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh, _lora(config))
+  lora = lora_lib.LoraConfig.from_block(config.get("lora"))
+  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh, lora if lora.enabled else None)
   shardings = train_state_lib.train_state_shardings(state, mesh)
   train_step = step_lib.make_train_step(graphdef, shardings, opt_cfg, mesh, micro_rows=sft_cfg.micro_batch_rows,
                                         seq_len=sft_cfg.max_seq_len, logits_chunk_size=sft_cfg.logits_chunk_size)

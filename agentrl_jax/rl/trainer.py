@@ -145,16 +145,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                                          temperature=config.rollout.temperature,
                                          logits_chunk_size=rl.logits_chunk_size or None)
   executor = tool_executors.make_executor(engine_lib.tool_config(config.tools))
+  # The sampler's policy: the train state's params read in place, or with LoRA merged weights (one merge a call).
+  sampler_graphdef, to_sampler = train_state_lib.sampler_policy(graphdef, state.params, mesh)
+  sampler_params = jax.eval_shape(to_sampler, state.params)  # shapes and logical axes: the sampler's shardings
   engine = engine_lib.RolloutEngine.create(
-      graphdef, model_cfg, tokenizer, executor, rollout_cfg, temperature=config.rollout.temperature,
+      sampler_graphdef, model_cfg, tokenizer, executor, rollout_cfg, temperature=config.rollout.temperature,
       top_p=config.rollout.top_p, top_k=config.rollout.top_k, advertise_tools=config.rollout.advertise_tools,
-      mesh=sampler_mesh, params=state.params)
+      mesh=sampler_mesh, params=sampler_params)
   eval_engine = None
   if eval_records:
     ev = config.eval
     eval_engine = engine_lib.RolloutEngine.create(
-        graphdef, model_cfg, tokenizer, executor, rollout_cfg, temperature=ev.temperature, top_p=ev.top_p,
-        top_k=ev.top_k, advertise_tools=config.rollout.advertise_tools, mesh=sampler_mesh, params=state.params)
+        sampler_graphdef, model_cfg, tokenizer, executor, rollout_cfg, temperature=ev.temperature, top_p=ev.top_p,
+        top_k=ev.top_k, advertise_tools=config.rollout.advertise_tools, mesh=sampler_mesh, params=sampler_params)
   bsh = update_lib.batch_sharding(mesh)
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   # The tokenizer goes into the metadata so that an export (`python -m agentrl_jax.checkpoint`) can ship it.
@@ -167,7 +170,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                            data_iterator=data_iter, force=force, metadata={**meta, "counters": counters})
 
   def run_eval(step):
-    metrics, rows = eval_runner.evaluate(eval_engine, state.params, eval_records, n=config.eval.n,
+    metrics, rows = eval_runner.evaluate(eval_engine, to_sampler(state.params), eval_records, n=config.eval.n,
                                          key=jax.random.fold_in(eval_key, step), reward_cfg=reward_cfg,
                                          ks=config.eval.ks, progress="eval", leave=False)
     writer.write(step, {f"eval/{k}" if not k.startswith("eval/") else k: v for k, v in metrics.items()})
@@ -194,7 +197,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         counters["skipped_prompts"] += len(rendered.skipped)
         if rendered.ids:
           t0 = time.perf_counter()
-          eps, stats = engine.run(state.params, rendered.ids, n=n,
+          eps, stats = engine.run(to_sampler(state.params), rendered.ids, n=n,
                                   key=jax.random.fold_in(jax.random.fold_in(sample_key, step), rounds))
           times["rollout"] += time.perf_counter() - t0
           times["tools"] += stats.tool_wait_s
