@@ -132,7 +132,7 @@ def rl_config(**model) -> ml_collections.ConfigDict:
 #   context       devices each 23,040-token row's tokens are split over (context parallelism; fsdp takes the
 #                 rest): what lets a 16 GiB v5e chip hold a row's activations
 #   micro         rows per micro-batch of the update and scoring (one row per row shard)
-#   rows, groups  rollout row slots, and prompts per prefill call (rows / n, so one call fills every slot)
+#   rows, groups  rollout row slots (a multiple of the 16 chips), and prompts per prefill call
 #   lora          adapter rank (0: full fine-tuning); alpha = 2 x rank, learning rate 10x the recipe's 1e-6
 #                 (LoRA's best learning rate runs ~10x full fine-tuning's: Thinking Machines, "LoRA Without
 #                 Regret", 2025)
@@ -141,7 +141,7 @@ SLICE_LAYOUTS = {
     ("qwen3_4b", "v5e"): dict(topology="v5e:4x4", context=2, micro=8, rows=48, groups=3, lora=0, kv=""),
     ("qwen3_4b", "v6e"): dict(topology="v6e:4x4", context=1, micro=16, rows=256, groups=8, lora=64,
                               kv="float8_e4m3fn"),
-    ("qwen2p5_7b", "v5e"): dict(topology="v5e:4x4", context=2, micro=8, rows=128, groups=8, lora=64, kv=""),
+    ("qwen2p5_7b", "v5e"): dict(topology="v5e:4x4", context=2, micro=8, rows=112, groups=7, lora=64, kv=""),
     ("qwen2p5_7b", "v6e"): dict(topology="v6e:4x4", context=2, micro=8, rows=256, groups=8, lora=64, kv=""),
 }
 SLICE_FAMILIES = ("v5e", "v6e")
