@@ -6,9 +6,10 @@
 
 For each model and slice, at the recipe's context (prompt 2,560 + response 20,480 = 23,040 tokens), bf16 compute
 on float32 master weights, FSDP over every chip (or beside a context axis that splits each row's tokens, LoRA
-adapters, a float8 cache, as the flags or a layout say): the RL update step with one 23,040-token row per row
-shard and micro-batch (remat, splash attention) and a rollout decode segment over the rows the plan says fit (ragged
-paged attention over a cache of 23,040 slots per row), compiled for the slice by the real TPU compiler. It
+adapters, a float8 cache, as the flags or a layout say): the RL update step over two micro-batches of packed
+23,040-token rows, one row per row shard each, as the recipe's update accumulates them (remat, splash attention),
+and a rollout decode segment over the rows the plan says fit (ragged paged attention over a cache of 23,040 slots
+per row), compiled for the slice by the real TPU compiler. It
 prints the plan's per-device bytes beside the compiler's (`compiled.memory_analysis()`: arguments + outputs -
 donated + temporaries + code) and their ratio; the README's memory table comes from this command.
 """
@@ -101,11 +102,14 @@ def check(model: str, slice_name: str, *, context: int = 1, lora_rank: int = 0, 
   shardings = train_state_lib.train_state_shardings(state, mesh)
   update = update_lib.make_update_fn(graphdef, shardings, losses.LossConfig(), opt, mesh,
                                      micro_batch_size=batch_devices, logits_chunk_size=1024)
-  spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=update_lib.batch_sharding(mesh))  # noqa
-  batch = {"tokens": spec((batch_devices, SEQ), jnp.int32), "loss_mask": spec((batch_devices, SEQ), jnp.float32),
-           "advantages": spec((batch_devices,), jnp.float32), "old_logp": spec((batch_devices, SEQ), jnp.float32)}
-  fl, hb = programs_lib.train_work(cfg, batch_devices, SEQ, backward=True)
-  upd = programs_lib.Program("rl/update", f"B={batch_devices} T={SEQ}",
+  # Two micro-batches of packed rows, as the recipe's update runs them (a gradient accumulator beside each
+  # micro-batch's gradients; positions and segment ids).
+  rows_b = 2 * batch_devices
+  spec = lambda dtype: jax.ShapeDtypeStruct((rows_b, SEQ), dtype, sharding=update_lib.batch_sharding(mesh))  # noqa
+  batch = {"tokens": spec(jnp.int32), "loss_mask": spec(jnp.float32), "advantages": spec(jnp.float32),
+           "old_logp": spec(jnp.float32), "positions": spec(jnp.int32), "segment_ids": spec(jnp.int32)}
+  fl, hb = programs_lib.train_work(cfg, rows_b, SEQ, backward=True)
+  upd = programs_lib.Program("rl/update", f"B={rows_b} T={SEQ} packed",
                              programs_lib._lowering(update, mesh, state, batch,  # pylint: disable=protected-access
                                                     jax.ShapeDtypeStruct((), jax.random.key(0).dtype)),
                              fl, hb, mesh.size)

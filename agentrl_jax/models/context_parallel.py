@@ -147,6 +147,9 @@ def attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], v: Floa
   if layout.strategy != "all_gather":
     raise ValueError(f"ModelConfig.context_strategy: expected one of {STRATEGIES}, got {layout.strategy!r}")
   if impl == "splash":
+    if (t // layout.shards) % 128:
+      raise ValueError(f"attention_impl='splash' over the context axis needs each chip's share of a row, "
+                       f"{t} / {layout.shards} tokens, to be a multiple of 128: pad the rows (rl.pack_len) to it")
     g = qg.shape[3]
     kernel = _splash_layout_kernel(g, layout.t, layout.shards, layout.load_balance,
                                    attention_kernels.splash_block(layout.t // layout.shards), interpret)

@@ -2,9 +2,9 @@
 
     python -m agentrl_jax.models.memory_plan --model qwen3_4b --slice v5p-16 --seq 23040 --rows 256
 
-prints, per device of a `(data, fsdp, context, tensor)` mesh over the slice's chips: the parameters, the AdamW moments,
-the gradient accumulator, the rollout KV cache for `rows` sequences of `seq` tokens, and the activations of one
-training micro-batch with and without rematerialisation, against the chip's HBM. Shapes and shardings are
+prints, per device of a `(data, fsdp, context, tensor)` mesh over the slice's chips: the parameters, the AdamW
+moments, the gradients and their accumulator, the rollout KV cache for `rows` sequences of `seq` tokens, and the
+activations of one training micro-batch with and without rematerialisation, against the chip's HBM. Shapes and shardings are
 exact (every parameter's partition spec comes from `sharding.LOGICAL_RULES`, applied to an abstract mesh of the
 slice's size: no devices are needed) and checked against real sharded arrays in tests/models/test_memory_plan.py.
 Activations are the residuals JAX's autodiff saves for the backward pass with a fused attention kernel (splash /
@@ -99,7 +99,7 @@ class Plan:
   decode_working: int = 0
 
   def rows(self) -> list[tuple[str, int]]:
-    return [("params", self.params), ("AdamW moments", self.optimizer), ("gradient accumulator", self.gradients),
+    return [("params", self.params), ("AdamW moments", self.optimizer), ("gradients (+ accumulator)", self.gradients),
             ("KV cache (rollout)", self.kv_cache), ("activations (no remat)", self.activations),
             ("activations (remat)", self.activations_remat), ("decode working set", self.decode_working)]
 
@@ -262,7 +262,9 @@ def plan(cfg: ModelConfig, *, chips: int, hbm: int, seq: int, rows: int, data: i
   tokens = micro_rows * seq // context
   decode_working = decode_bytes(cfg, p)
   cp = context_bytes(cfg, micro_rows * seq, tensor, context)
-  return Plan(params=p, optimizer=2 * master * 4, gradients=master * 4,
+  # Gradients: the update's float32 accumulator and one micro-batch's gradients beside it (the recipe's mini-batch
+  # is always several micro-batches: `rl.update.make_update_fn`).
+  return Plan(params=p, optimizer=2 * master * 4, gradients=2 * master * 4,
               kv_cache=kv_cache_bytes(cfg, rows, seq, mesh_shape),
               activations=activation_bytes(cfg, tokens, tensor, remat=False, logits_chunk=logits_chunk) + cp,
               activations_remat=activation_bytes(cfg, tokens, tensor, remat=True, logits_chunk=logits_chunk) + cp,
