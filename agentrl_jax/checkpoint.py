@@ -312,24 +312,52 @@ def model_config_of(checkpoint_dir: str | os.PathLike, *, step: int | None = Non
 
 def load_model(checkpoint_dir: str | os.PathLike, model_config, mesh: jax.sharding.Mesh, *, step: int | None = None):
   """The `Qwen` model of `model_config` with the params of checkpoint `step` (default the latest), placed in
-  their shardings on `mesh`; the optimizer state is not read."""
+  their shardings on `mesh`; the optimizer state is not read.
+
+  A LoRA run's checkpoint holds its adapters only, and its metadata the base they apply to (the run's `model`
+  block and init key): the base is loaded as that run loaded it, and the adapters are restored onto it and
+  folded into its weights (`lora.merged`: the same logits as the adapted model, up to float rounding).
+  """
   from flax import nnx
 
   from agentrl_jax.models import hf_io
   from agentrl_jax.models import sharding as sharding_lib
 
-  graphdef, abstract = nnx.split(hf_io.abstract_model(model_config))
-  target = abstract_state(abstract, sharding_lib.state_shardings(abstract, mesh))
   with Checkpointer(checkpoint_dir) as ckpt:
+    step = ckpt._existing(step)  # pylint: disable=protected-access
+    lora = ckpt.read_metadata(step).get("lora")
+    if lora is not None:
+      return _load_lora_model(ckpt, step, lora, mesh)
+    graphdef, abstract = nnx.split(hf_io.abstract_model(model_config))
+    target = abstract_state(abstract, sharding_lib.state_shardings(abstract, mesh))
     restored, _ = ckpt.restore({"train": {"params": target}}, step=step)
   return nnx.merge(graphdef, restored["train"]["params"])
+
+
+def _load_lora_model(ckpt: "Checkpointer", step: int, lora: dict, mesh: jax.sharding.Mesh):
+  """`load_model` of a LoRA checkpoint (its metadata's `lora` entry: `train_state.checkpoint_metadata`)."""
+  import ml_collections
+  from flax import nnx
+
+  from agentrl_jax.models import lora as lora_lib
+  from agentrl_jax.models import loading
+  from agentrl_jax.models import sharding as sharding_lib
+
+  init_key = jax.random.wrap_key_data(jax.numpy.asarray(lora["init_key"], jax.numpy.uint32))
+  _, model = loading.load_policy(ml_collections.ConfigDict(lora["base_model"]), mesh, init_key)
+  lora_lib.apply(model, lora_lib.LoraConfig(**lora["config"]), jax.random.key(0))  # placeholders, restored below
+  graphdef, params = nnx.split(model)
+  adapters, base = lora_lib.split(params)
+  target = abstract_state(adapters, sharding_lib.state_shardings(adapters, mesh))
+  restored, _ = ckpt.restore({"train": {"params": target}}, step=step)
+  return lora_lib.merged(nnx.merge(graphdef, base, restored["train"]["params"]))
 
 
 def export_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int | None = None,
               model_config=None, tokenizer=None, dtype: str | None = None) -> str:
   """Writes the params of a checkpoint as a HF directory (`config.json` + safetensors) via `hf_io.export_hf`.
 
-  Reads only the params (the trainers save `{"train": rl.update.TrainState, ...}`), onto the first local device.
+  Reads only the params (the trainers save `{"train": train_state.TrainState, ...}`), onto the first local device.
 
   Args:
     checkpoint_dir: a `Checkpointer` directory.

@@ -16,6 +16,9 @@ or (--config.arms='("clip_hi_ep4","clip_sym_ep4")') with the policy moved furthe
 over each batch's mini-batches (16 optimizer steps a batch instead of the main job's 8),
   clip_hi_ep4     clip 0.2 / 0.28, 4 epochs a batch
   clip_sym_ep4    clip 0.2 / 0.2, 4 epochs a batch
+or (--config.arms='("lora",)') RL with LoRA adapters (rank 16, alpha 32, every projection; 10x the main job's
+learning rate, as LoRA needs) on the same full SFT checkpoint (reuses `real`'s stages up to the filter):
+  lora            LoRA RL, compared with `real`'s full-parameter RL
 `real` is the main job itself (the same stages as `SEED=N bash launch/local.sh`); the stitched and frequent arms
 skip the greedy answers and the RL stage's periodic held-out curve (the clipping arms keep both, to reuse `real`'s
 evaluation stages).
@@ -59,7 +62,8 @@ def get_config(arg=None):
       frequent=[["teacher.style", "frequent"], *own_stages],
       clip_hi_scaled=[["rl.loss.clip_low", 0.05], ["rl.loss.clip_high", 0.07]],
       clip_sym_scaled=[["rl.loss.clip_low", 0.05], ["rl.loss.clip_high", 0.05]],
-      clip_hi_ep4=[["rl.epochs_per_batch", 4]], clip_sym_ep4=[["rl.epochs_per_batch", 4], ["rl.loss.clip_high", 0.2]]))
+      clip_hi_ep4=[["rl.epochs_per_batch", 4]], clip_sym_ep4=[["rl.epochs_per_batch", 4], ["rl.loss.clip_high", 0.2]],
+      lora=[["lora.rank", 16], ["lora.alpha", 32.0], ["optimizer.learning_rate", 1e-3]]))
   if arg == "smoke":
     config.seeds = (0,)
     config.arms = ("real", "clip_sym")

@@ -35,7 +35,7 @@ def get_config(arg=None):
   # "embedded": the task's own BPE (agentrl_jax/tasks/tokenizer.py); "qwen3" / "qwen2.5": the real Qwen
   # vocabulary and chat template (agentrl_jax/models/qwen_tokenizer.py; a 151k-wide unembedding on 2 cores)
   config.tokenizer = "embedded"
-  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=1))
+  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, context=1, tensor=1, num_devices=1))
 
   # ---- the task: held-out / SFT / RL-pool splits of the arithmetic family (agentrl_jax/tasks), disjoint by
   # canonical form, drawn with `seed`; the RL curves evaluate the first `curve_problems` held-out problems
@@ -88,6 +88,9 @@ def get_config(arg=None):
   # ones stay at the floor): the last steps refine instead of jolting the policy, whose final state is what is
   # evaluated.
   config.optimizer.update(learning_rate=1e-4, b2=0.99, schedule="cosine", total_steps=420, min_lr_ratio=0.1)
+  # RL with LoRA adapters on the SFT checkpoint when rank > 0 (the `lora` arm of configs/ablations.py); the main
+  # job fine-tunes every weight.
+  config.lora = base.lora
   # ---- held-out evaluation: after SFT and after RL on the whole split; during RL on `task.curve_problems`
   # Sampled as in training (T=1, top_p=1; the recipe's validation uses top_p=0.6) plus one greedy answer each.
   config.eval = ml_collections.ConfigDict(dict(n=4, temperature=1.0, top_p=1.0, top_k=0, ks=[4], every_steps=15,

@@ -3,6 +3,11 @@
 Run (local paths; nothing downloads):
   python -m agentrl_jax.main --config=configs/demystify_qwen2p5_7b.py --workdir=runs/demystify_qwen2p5_7b \
       --config.model.hf_path=/data/Qwen2.5-7B-sft --config.data.train_path=/data/rl_30k.parquet
+Per slice family (the default is a v5p layout; each is checked by `python -m agentrl_jax.aot --config=...:v5e
+--topology=v5e:4x4`, see the README's table):
+  :v5e  v5e-16: LoRA rank 64 (learning rate 1e-5), each 23,040-token row split over 2 chips (context
+        parallelism), 8-row micro-batches, 112 rollout rows
+  :v6e  v6e-16: the same with 256 rollout rows
 Smoke (CPU): --config=configs/demystify_qwen2p5_7b.py:smoke (a tiny Qwen2-family model)
 
 The recipe's constants are those of configs/demystify_qwen3_4b.py (agentrl_jax/rl/recipe.py); only the model
@@ -14,9 +19,11 @@ from agentrl_jax.rl import recipe
 
 
 def get_config(arg=None):
-  if arg not in (None, "", "smoke"):
-    raise ValueError(f"demystify_qwen2p5_7b: unknown arg {arg!r}; expected nothing or 'smoke'")
+  if arg not in (None, "", "smoke", *recipe.SLICE_FAMILIES):
+    raise ValueError(f"demystify_qwen2p5_7b: unknown arg {arg!r}; expected nothing, 'smoke', 'v5e' or 'v6e'")
   config = recipe.rl_config(size="qwen2p5_7b")
+  if arg in recipe.SLICE_FAMILIES:
+    recipe.for_slice(config, "qwen2p5_7b", arg)
   if arg == "smoke":
     recipe.shrink_for_smoke(config)
     config.model.size = "tiny_qwen2"

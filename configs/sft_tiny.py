@@ -7,6 +7,7 @@ Args: `:overfit` trains 80 steps on four conversations at a high learning rate (
 import ml_collections
 
 from agentrl_jax.models import loading
+from agentrl_jax.models import lora
 
 
 def get_config(arg=None):
@@ -23,7 +24,8 @@ def get_config(arg=None):
                                               warmup_ratio=0.1, logits_chunk_size=None))
   config.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=1e-3, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01, grad_clip=1.0, min_lr_ratio=0.0))
-  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=0))  # 0: all
+  config.lora = lora.config_block()  # rank > 0: LoRA adapters instead of full fine-tuning
+  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, context=1, tensor=1, num_devices=0))  # 0: all
   config.checkpoint = ml_collections.ConfigDict(dict(every_steps=2, max_to_keep=2, async_save=False))
   config.log_every_steps = 1
   config.wandb_project = ""

@@ -7,6 +7,7 @@
 #   bash launch/tpu_vm.sh setup                        # copy this checkout to every host, install, jax[tpu]
 #   bash launch/tpu_vm.sh preflight configs/demystify_qwen3_4b.py [--config.a.b=value ...]  # needs TOPOLOGY
 #   bash launch/tpu_vm.sh run configs/demystify_qwen3_4b.py gs://bucket/runs/x [--config.a.b=value ...]
+#   bash launch/tpu_vm.sh run configs/demystify_qwen3_4b.py:v5e gs://bucket/runs/x   # the layout for a v5e-16
 #   bash launch/tpu_vm.sh logs [LINES]                 # the last lines of every host's run.log
 #   bash launch/tpu_vm.sh copy LOCAL_PATH [REMOTE_DIR] # copy a file or directory to every host
 #   bash launch/tpu_vm.sh ssh 'nvidia-smi || true'     # any command on all hosts
@@ -18,7 +19,9 @@
 # preflight compiles every program of the config for TOPOLOGY (e.g. TOPOLOGY=v5p:2x2x2 for a v5p-16) with the
 # real TPU compiler on this machine (no TPU, no gcloud: `python -m agentrl_jax.aot`, libtpu from the test
 # requirements) and fails when a program does not fit; with TOPOLOGY set, `run` runs it first and starts nothing
-# on the slice when it fails.
+# on the slice when it fails. A config argument naming a slice family (`:v5e`, `:v6e`: the layout, LoRA and KV
+# cache the recipe needs on that generation's 16-chip slice, rl/recipe.py SLICE_LAYOUTS) sets TOPOLOGY to that
+# slice (v5e:4x4, v6e:4x4) unless it is set, so such a run is always checked first.
 # Checkpoints and datasets should live on storage every host sees (a GCS bucket or a shared disk); model
 # weights load from a local or mounted directory given in the config (nothing downloads from a model hub).
 set -euo pipefail
@@ -34,6 +37,12 @@ need() {  # need VAR: its value, or a placeholder in a dry run
   fi
 }
 if [ "$cmd" != preflight ]; then name="$(need TPU_NAME)"; zone="$(need ZONE)"; fi
+if [ "$cmd" = preflight ] || [ "$cmd" = run ]; then
+  case "${1:-}" in  # the slice a config's family argument lays the recipe out for
+    *:v5e) TOPOLOGY="${TOPOLOGY:-v5e:4x4}" ;;
+    *:v6e) TOPOLOGY="${TOPOLOGY:-v6e:4x4}" ;;
+  esac
+fi
 gc=(gcloud compute tpus tpu-vm)
 proj=(); [ -n "${PROJECT:-}" ] && proj=(--project "$PROJECT")
 remote_dir="agentrl_jax"

@@ -156,12 +156,12 @@ def test_checkpoint_of_unstacked_layers_restores_into_the_stacked_layout(tmp_pat
   from flax import nnx
 
   from agentrl_jax.models.config import ModelConfig
-  from agentrl_jax.rl import update as update_lib
+  from agentrl_jax import train_state as train_state_lib
 
   cfg = ModelConfig.tiny_qwen3(num_layers=3)
   mesh = sharding_lib.make_mesh(data=1, fsdp=4, tensor=2)
-  opt = update_lib.OptimizerConfig()
-  _, state = update_lib.init_train_state(testing.tiny_model(cfg, seed=2), opt, mesh)
+  opt = train_state_lib.OptimizerConfig()
+  _, state = train_state_lib.init_train_state(testing.tiny_model(cfg, seed=2), opt, mesh)
   state = state.replace(opt_state=jax.tree.map(lambda x: x + 0.5 if x.ndim else x, state.opt_state))
 
   def unstack(s):  # the stored layout of the old model: layers as an nnx.List, one State per layer
@@ -173,7 +173,7 @@ def test_checkpoint_of_unstacked_layers_restores_into_the_stacked_layout(tmp_pat
   legacy = jax.tree.map(unstack, state, is_leaf=lambda x: isinstance(x, nnx.State))
   with checkpoint.Checkpointer(tmp_path / "ckpt") as ckpt:
     ckpt.save(3, {"train": legacy})
-  _, abstract = update_lib.abstract_train_state(cfg, opt, mesh)
+  _, abstract = train_state_lib.abstract_train_state(cfg, opt, mesh)
   with checkpoint.Checkpointer(tmp_path / "ckpt") as ckpt:
     restored, meta = ckpt.restore({"train": abstract})
   assert meta["step"] == 3

@@ -39,3 +39,40 @@ def test_export_of_a_trained_run_loads_in_transformers(tmp_path):
   tokens = testing.random_tokens(jax.random.key(0), 2, 11, cfg.vocab_size)
   diff = jnp.abs(testing.jit_forward(ours)(tokens)[0] - testing.hf_logits(testing.load_hf_torch(out), tokens))
   assert float(jnp.max(diff)) <= 1e-4
+
+
+
+def test_export_of_a_lora_run_folds_the_adapters_in(tmp_path):
+  """A LoRA SFT run's checkpoint holds its adapters only; the export folds them into the base weights, and
+  `transformers` computes the logits of the adapted (unmerged) model."""
+  from flax import nnx
+
+  from agentrl_jax import train_state
+  from agentrl_jax.models import lora as lora_lib
+
+  config = testing.load_config("sft_tiny", None, **{"model.tokenizer_path": testing.tiny_tokenizer_dir(),
+                                                    "sft.num_epochs": 1, "lora.rank": 4, "lora.alpha": 8.0,
+                                                    "optimizer.learning_rate": 3e-2})
+  trainer.run(config, str(tmp_path / "run"))
+  ckpt_dir = tmp_path / "run" / "checkpoints"
+  with checkpoint.Checkpointer(ckpt_dir) as ckpt:
+    saved = jax.tree_util.tree_flatten_with_path(ckpt.saved_shapes()["train"]["params"])[0]
+    assert saved and all("_lora_" in jax.tree_util.keystr(path) for path, _ in saved)  # adapters only
+  out = checkpoint.main([str(ckpt_dir), str(tmp_path / "hf")])
+
+  # The adapted model as the trainer left it: the base of the run's model block, the adapters restored onto it.
+  mesh = sharding_lib.make_mesh(1, 1, 1, jax.devices()[:1])
+  cfg = checkpoint.model_config_of(ckpt_dir)
+  lora = lora_lib.LoraConfig.from_block(config.lora)
+  with checkpoint.Checkpointer(ckpt_dir) as ckpt:
+    graphdef, state, _, _, _ = train_state.init_or_restore_train_state(
+        ckpt, config.model, cfg, train_state.OptimizerConfig(), mesh, root_key=jax.random.key(0),
+        init_key=jax.random.split(jax.random.key(config.seed))[0], lora=lora)
+  adapted = nnx.merge(graphdef, state.params)
+  assert float(jnp.max(jnp.abs(adapted.layers.attn.q_lora_b_rnh[...]))) > 0  # the adapters did train
+  tokens = testing.random_tokens(jax.random.key(0), 2, 11, cfg.vocab_size)
+  want = testing.jit_forward(adapted)(tokens)[0]
+  base = testing.jit_forward(loading.load_policy(config.model, mesh, jax.random.split(jax.random.key(0))[0])[1])
+  assert float(jnp.max(jnp.abs(base(tokens)[0] - want))) > 1e-3
+  diff = jnp.abs(testing.hf_logits(testing.load_hf_torch(out), tokens) - want)
+  assert float(jnp.max(diff)) <= 1e-4

@@ -181,6 +181,8 @@ IMPLEMENTATION = (
                                                      # master weights, scanned layers, the
                                                      # attention kernel by backend (verl's FSDP mixed
                                                      # precision); the SFT's fp32 is in the table
+    "model.context_strategy", "model.kv_cache_dtype",  # context parallelism's attention; the rollout cache's
+                                                     # storage (verl: vLLM's kv_cache_dtype)
     "data.data_dir", "data.path", "data.train_path", "data.train_schema", "data.skip_malformed",
     "data.toy_",                                     # data plumbing and the embedded CPU task
     "prompt_style.",                                 # the reference's prompt texts live in agentrl_jax/data/prompts.py

@@ -23,8 +23,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.aot import target as target_lib
 from agentrl_jax.bench import common
+from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import memory_plan
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
@@ -70,9 +72,11 @@ class Program:
   resident: int = 0
 
 
-def row_shards(mesh) -> int:
-  """How many ways a batch's rows are split over `mesh` (its data and fsdp axes)."""
-  return int(mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1))
+def row_shards(mesh, *, cache: bool = False) -> int:
+  """How many ways a batch's rows are split over `mesh`: its data and fsdp axes for training and scoring (whose
+  rows' tokens the context axis splits), and the context axis too for the rollout's cache rows (`cache=True`)."""
+  n = int(mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1))
+  return n * int(mesh.shape.get("context", 1)) if cache else n
 
 
 @dataclasses.dataclass
@@ -118,7 +122,7 @@ def _param_bytes(cfg: ModelConfig) -> float:
 
 
 def _cache_bytes_per_token(cfg: ModelConfig) -> float:
-  return 2.0 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
+  return 2.0 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.jnp_kv_dtype).itemsize
 
 
 def train_work(cfg: ModelConfig, rows: int, seq: int, *, backward: bool, causal_tokens: float | None = None
@@ -136,9 +140,10 @@ def train_work(cfg: ModelConfig, rows: int, seq: int, *, backward: bool, causal_
 
 def _micro_activation_bytes(cfg: ModelConfig, mesh: jax.sharding.Mesh, micro_rows: int, seq: int) -> float:
   """Per device, what one training micro-batch keeps for its backward pass (`models.memory_plan`)."""
-  batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
-  tokens = max(micro_rows // batch_devices, 1) * seq
-  return memory_plan.activation_bytes(cfg, tokens, mesh.shape["tensor"], remat=cfg.remat)
+  rows = max(micro_rows // row_shards(mesh), 1)
+  context = int(mesh.shape.get("context", 1))
+  return (memory_plan.activation_bytes(cfg, rows * seq // context, mesh.shape["tensor"], remat=cfg.remat)
+          + memory_plan.context_bytes(cfg, rows * seq, mesh.shape["tensor"], context))
 
 
 def _rl_update_seq(config: ml_collections.ConfigDict) -> list[int]:
@@ -161,19 +166,26 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
   rl = config.rl
   disaggregated = rl.get("async_placement") == "disaggregated"
   if disaggregated:  # the trainer and the sampler each on their own part of the slice (rl/transfer.py)
-    trainer_devs, sampler_devs = transfer_lib.split_devices(rl.async_sampler_devices, list(t.devices))
+    devs = list(t.devices)
+    trainer_devs, sampler_devs = transfer_lib.split_devices(rl.async_sampler_devices, devs)
     sizes = {k: v for k, v in dict(config.mesh).items() if k != "num_devices"}
-    mesh = sharding_lib.make_mesh(**sizes, devices=trainer_devs)
-    ssizes = {k: v for k, v in dict(config.get("sampler_mesh") or {}).items() if k != "num_devices"}
-    smesh = sharding_lib.make_mesh(**(ssizes if any(ssizes.values()) else sizes), devices=sampler_devs)
+    ssizes = sharding_lib.sampler_sizes(config.get("sampler_mesh")) or sizes
+    # The run's meshes (the transfer program spans both). Each side's own programs are compiled on the slice's
+    # first devices instead (the same chips, a sub-slice of the same count): the TPU compiler refuses a program
+    # whose devices are not the topology's ids 0..n-1.
+    run_mesh = sharding_lib.make_mesh(**sizes, devices=trainer_devs)
+    run_smesh = sharding_lib.make_mesh(**ssizes, devices=sampler_devs)
+    mesh = sharding_lib.make_mesh(**sizes, devices=devs[:len(trainer_devs)])
+    smesh = sharding_lib.make_mesh(**ssizes, devices=devs[:len(sampler_devs)])
   else:
     mesh = target_lib.mesh(config.mesh, t)
     smesh = target_lib.sampler_mesh(config.get("sampler_mesh"), mesh)
   tokenizer, cfg, source = target_lib.tokenizer_and_config(config.model, t)
   loss_cfg = losses.LossConfig(**rl.loss)
-  opt_cfg = update_lib.OptimizerConfig(**config.optimizer)
-  graphdef, state = update_lib.abstract_train_state(cfg, opt_cfg, mesh)
-  shardings = update_lib.train_state_shardings(state, mesh)
+  opt_cfg = train_state_lib.OptimizerConfig(**config.optimizer)
+  lora = lora_lib.LoraConfig.from_block(config.get("lora"))
+  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh, lora if lora.enabled else None)
+  shardings = train_state_lib.train_state_shardings(state, mesh)
   temp = config.rollout.temperature
   chunk = rl.logits_chunk_size or None
   update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh, micro_batch_size=rl.micro_batch_size,
@@ -220,24 +232,32 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
                  "its parameters are counted resident in every program after they are loaded")
   rcfg = engine_lib.rollout_config(config.rollout)
   ro = config.rollout
-  programs += rollout_programs(graphdef, cfg, tokenizer, rcfg, smesh, state.params, n=rl.n, kind="rollout",
+  # The sampler's policy (`train_state.sampler_policy`): the train state's params, or with LoRA merged weights.
+  sgraphdef, to_sampler = train_state_lib.sampler_policy(graphdef, state.params, mesh)
+  sparams = jax.eval_shape(to_sampler, state.params)
+  programs += rollout_programs(sgraphdef, cfg, tokenizer, rcfg, smesh, sparams, n=rl.n, kind="rollout",
                                temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k)
   ev = config.get("eval")
   if ev is not None:
-    programs += rollout_programs(graphdef, cfg, tokenizer, rcfg, smesh, state.params, n=ev.n, kind="eval",
+    programs += rollout_programs(sgraphdef, cfg, tokenizer, rcfg, smesh, sparams, n=ev.n, kind="eval",
                                  temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k)
     if not ev.sources:
       notes.append("eval/* programs: compiled by a run when config.eval.sources is set (the recipe's command "
                    "sets it)")
   if disaggregated:
-    programs.append(_transfer_program(cfg, state.params, shardings.params, smesh, t, notes))
+    # The transfer moves what the sampler runs: the params, or with LoRA the merged copy.
+    programs.append(_transfer_program(cfg, sparams, sharding_lib.state_shardings(sparams, run_mesh), run_smesh, t,
+                                      notes))
     # The sampler's devices hold only its copy of the parameters (an argument of each rollout program).
     resident = 0
     notes.append(f"disaggregated: the update and scoring programs on {mesh.size} devices "
                  f"({dict(mesh.shape)}), the rollout and eval programs on the other {smesh.size} "
                  f"({dict(smesh.shape)}); HBM per chip is per side")
   else:
-    resident = device_bytes(state) - (device_bytes(state.params) if smesh is mesh else 0) + ref_bytes
+    # The sampler reads the train state's params in place on the same mesh (not LoRA's merged copy: counted as
+    # the rollout programs' arguments).
+    resident = (device_bytes(state) - (device_bytes(state.params) if smesh is mesh and not lora.enabled else 0)
+                + ref_bytes)
   for p in programs:
     if p.name.startswith(("rollout/", "eval/")):
       p.resident = resident
@@ -357,7 +377,7 @@ def rollout_programs(graphdef, cfg: ModelConfig, tokenizer, rcfg, mesh: jax.shar
                        cache(c0) + cache(c1)))
   for p in out:
     p.fixed_bytes = 0.0 if p.name.endswith(("/init", "/grow")) else fixed
-    p.step = row_shards(mesh)
+    p.step = row_shards(mesh, cache=True)
   return out
 
 
@@ -374,9 +394,10 @@ def sft_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Pla
   _, cfg, source = target_lib.tokenizer_and_config(config.model, t)
   sft_cfg = step_lib.SFTConfig(**s)
   opt = dict(config.optimizer)
-  opt_cfg = update_lib.OptimizerConfig(**opt, schedule="cosine", total_steps=1000, warmup_steps=100)
-  graphdef, state = update_lib.abstract_train_state(cfg, opt_cfg, mesh)
-  shardings = update_lib.train_state_shardings(state, mesh)
+  opt_cfg = train_state_lib.OptimizerConfig(**opt, schedule="cosine", total_steps=1000, warmup_steps=100)
+  lora = lora_lib.LoraConfig.from_block(config.get("lora"))
+  graphdef, state = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh, lora if lora.enabled else None)
+  shardings = train_state_lib.train_state_shardings(state, mesh)
   train_step = step_lib.make_train_step(graphdef, shardings, opt_cfg, mesh, micro_rows=sft_cfg.micro_batch_rows,
                                         seq_len=sft_cfg.max_seq_len, logits_chunk_size=sft_cfg.logits_chunk_size)
   bsh = step_lib.batch_sharding(mesh, sft_cfg.micro_batch_rows, sft_cfg.max_seq_len)

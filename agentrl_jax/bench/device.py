@@ -131,12 +131,13 @@ def bench_sampler(cfg: ModelConfig, mesh, args, peaks: dict) -> dict:
 
 def bench_update(cfg: ModelConfig, mesh, args, peaks: dict) -> dict:
   from agentrl_jax.rl import losses
+  from agentrl_jax import train_state as train_state_lib
   from agentrl_jax.rl import update as update_lib
 
   model = loading.init_model(cfg.replace(param_dtype="float32", remat=True), jax.random.key(1), mesh)
-  opt_cfg = update_lib.OptimizerConfig(learning_rate=1e-6)
-  graphdef, state = update_lib.init_train_state(model, opt_cfg, mesh)
-  shardings = update_lib.train_state_shardings(state, mesh)
+  opt_cfg = train_state_lib.OptimizerConfig(learning_rate=1e-6)
+  graphdef, state = train_state_lib.init_train_state(model, opt_cfg, mesh)
+  shardings = train_state_lib.train_state_shardings(state, mesh)
   loss_cfg = losses.LossConfig(clip_low=0.2, clip_high=0.28)
   update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh, micro_batch_size=args.micro_rows,
                                      temperature=1.0, logits_chunk_size=min(1024, args.update_seq))

@@ -48,6 +48,7 @@ from agentrl_jax.models import sharding
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.qwen import Qwen
 from agentrl_jax.rl import losses
+from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.rl import update as update_lib
 
 PAD_ID = 0
@@ -133,11 +134,11 @@ def run(args) -> dict:
   hf_dir = hf_io.export_hf(model, os.path.join(workdir, "hf"))
 
   mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-  opt_cfg = update_lib.OptimizerConfig(learning_rate=1e-6, grad_clip=1.0)
+  opt_cfg = train_state_lib.OptimizerConfig(learning_rate=1e-6, grad_clip=1.0)
   loss_cfg = losses.LossConfig()  # GRPO-TCR: token-mean, clip 0.2 / 0.28, dual clip 10, no KL
-  graphdef, state = update_lib.init_train_state(model, opt_cfg, mesh)
+  graphdef, state = train_state_lib.init_train_state(model, opt_cfg, mesh)
   del model
-  shardings = update_lib.train_state_shardings(state, mesh)
+  shardings = train_state_lib.train_state_shardings(state, mesh)
   update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh,
                                      micro_batch_size=args.micro_batch or b, logits_chunk_size=args.chunk)
   logprobs = update_lib.make_logprobs_fn(graphdef, shardings.params, mesh, micro_batch_size=args.micro_batch or b,

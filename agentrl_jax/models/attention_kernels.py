@@ -172,18 +172,23 @@ def check_backend(impl: str, interpret: bool = False) -> None:
                      f"process's backend is {backend!r}: use attention_impl='xla'{hint}")
 
 
+def splash_block_sizes(block: int):
+  """The kernel's block sizes: one square block for the forward and both backward kernels."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+
+  return sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block, block_kv_dkv=block,
+                       block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+
+
 @functools.cache
 def _splash_kernel(groups: int, t: int, block: int, interpret: bool):
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
   mask = sm.MultiHeadMask([sm.CausalMask((t, t)) for _ in range(groups)])
-  sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                        block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
   # Concrete mask tables, built once per shape (made inside a trace they would be that trace's tracers).
   with jax.ensure_compile_time_eval():
-    kernel = sk.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
-  return kernel, sk.SegmentIds
+    return sk.make_splash_mqa_single_device(mask, block_sizes=splash_block_sizes(block), interpret=interpret)
 
 
 def splash_block(t: int) -> int:
@@ -247,24 +252,39 @@ def kernel_refusal(impl: str, device, head_dim: int) -> str | None:
   return None
 
 
+def splash_call(kernel, qg: Float[Array, "B Tq K G H"], k: Float[Array, "B S K H"], v: Float[Array, "B S K H"],
+                seg_q: Int[Array, "B Tq"] | None, seg_kv: Int[Array, "B S"] | None, scale: float
+                ) -> Float[Array, "B Tq K G H"]:
+  """One MQA splash `kernel` per (row, kv head), over its group of query heads; `seg_q`/`seg_kv` None: the
+  kernel's mask alone, without loading or comparing ids."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+
+  q = jnp.transpose(qg * jnp.asarray(scale, qg.dtype), (0, 2, 3, 1, 4))  # [B, K, G, T, H]
+  kt, vt = jnp.transpose(k, (0, 2, 1, 3)), jnp.transpose(v, (0, 2, 1, 3))  # [B, K, S, H]
+  if seg_q is None:
+    return jnp.transpose(jax.vmap(jax.vmap(kernel))(q, kt, vt), (0, 3, 1, 2, 4)).astype(qg.dtype)
+  one = lambda q, k, v, sq, skv: kernel(q, k, v, segment_ids=sk.SegmentIds(q=sq, kv=skv))  # noqa: E731  [G, T, H]
+  per_head = jax.vmap(one, in_axes=(0, 0, 0, None, None))
+  out = jax.vmap(per_head, in_axes=(0, 0, 0, 0, 0))(q, kt, vt, seg_q, seg_kv)  # [B, K, G, T, H]
+  return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(qg.dtype)
+
+
+def splash_local(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
+                 segment_ids: Int[Array, "B T"] | None, scale: float, *, interpret: bool = False
+                 ) -> Float[Array, "B T K G H"]:
+  """Causal splash attention of whole rows on one device (or inside a per-device computation)."""
+  b, t, nk, g, h = qg.shape
+  kernel = _splash_kernel(g, t, splash_block(t), interpret)
+  return splash_call(kernel, qg, k, v, segment_ids, segment_ids, scale)
+
+
 def splash_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
                      segment_ids: Int[Array, "B T"] | None, scale: float, *, interpret: bool = False
                      ) -> Float[Array, "B T K G H"]:
   """Causal attention within packed segments through the splash kernel (see module docstring); with
   `segment_ids=None` (one sequence per row) the kernel's causal mask alone, without loading or comparing ids."""
   b, t, nk, g, h = qg.shape
-  kernel, segment_cls = _splash_kernel(g, t, splash_block(t), interpret)
-
-  def local(qg, k, v, seg):
-    q = jnp.transpose(qg * jnp.asarray(scale, qg.dtype), (0, 2, 3, 1, 4))  # [B, K, G, T, H]
-    kt, vt = jnp.transpose(k, (0, 2, 1, 3)), jnp.transpose(v, (0, 2, 1, 3))  # [B, K, T, H]
-    if seg is None:
-      return jnp.transpose(jax.vmap(jax.vmap(kernel))(q, kt, vt), (0, 3, 1, 2, 4)).astype(qg.dtype)
-    one = lambda q, k, v, s: kernel(q, k, v, segment_ids=segment_cls(q=s, kv=s))  # noqa: E731  [G, T, H]
-    per_head = jax.vmap(one, in_axes=(0, 0, 0, None))
-    out = jax.vmap(per_head, in_axes=(0, 0, 0, 0))(q, kt, vt, seg)  # [B, K, G, T, H]
-    return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(qg.dtype)
-
+  local = functools.partial(splash_local, scale=scale, interpret=interpret)
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
     return local(qg, k, v, segment_ids)
@@ -277,6 +297,24 @@ def splash_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], 
   return jax.shard_map(local, mesh=mesh, in_specs=(spec, jax.P(batch, None, heads, None),
                                                    jax.P(batch, None, heads, None), seg_spec),
                        out_specs=spec, check_vma=False)(qg, k, v, segment_ids)
+
+
+def causal_blocked_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
+                             mask_bts: Array, scale: float, block: int) -> Float[Array, "B T K G H"]:
+  """Causal self-attention by query blocks: block i attends to keys [0, end of block i) only.
+
+  The keys above the diagonal block are masked anyway, so skipping them halves the attention FLOPs and the
+  score memory at long T (the full [B, N, T, T] scores at T = 20480 would not fit). Exact: every query sees the
+  same keys as in the dense form (the mask still applies inside the kept blocks: causal + packed segments).
+  """
+  t = qg.shape[1]
+  if not block or t <= block:
+    return dense_attention(qg, k, v, mask_bts, scale)
+  outs = []
+  for start in range(0, t, block):
+    end = min(start + block, t)
+    outs.append(dense_attention(qg[:, start:end], k[:, :end], v[:, :end], mask_bts[:, start:end, :end], scale))
+  return jnp.concatenate(outs, axis=1)
 
 
 def cudnn_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
@@ -330,7 +368,7 @@ def paged_attention_reference(q: Float[Array, "Q N H"], kv_pages: Float[Array, "
   b, pages = page_indices.shape
   _, page, ck, _ = kv_pages.shape
   nk = ck // 2
-  kv = kv_pages[page_indices].reshape(b, pages * page, ck, h)  # [B, S, 2K, H]
+  kv = kv_pages[page_indices].reshape(b, pages * page, ck, h).astype(q.dtype)  # [B, S, 2K, H]
   k, v = kv[:, :, 0::2], kv[:, :, 1::2]
   t = max_q_len or nq
   cu_q_lens = jnp.where(jnp.arange(b + 1) <= num_seqs[0], cu_q_lens, cu_q_lens[num_seqs[0]])  # later rows: none
@@ -382,7 +420,11 @@ def ragged_paged_attention(qg: Float[Array, "B T K G H"], kv: Float[Array, "B L 
     else:
       from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
 
-      out = rpa.ragged_paged_attention(*args, sm_scale=scale, **_kernel_block_sizes(pages_per_row, bl * t))
+      # An 8-bit cache (`ModelConfig.kv_cache_dtype`) is read through the kernel's scales (1: stored as is), which
+      # convert it to the queries' dtype.
+      scales = dict(k_scale=1.0, v_scale=1.0) if jnp.dtype(kv.dtype).itemsize == 1 else {}
+      out = rpa.ragged_paged_attention(*args, sm_scale=scale, **scales,
+                                       **_kernel_block_sizes(pages_per_row, bl * t))
     return _unpack(out, cu, t).reshape(bl, t, nk_l, g, h).astype(qg.dtype)
 
   mesh = jax.sharding.get_abstract_mesh()

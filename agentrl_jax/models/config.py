@@ -15,9 +15,12 @@ import jax.numpy as jnp
 
 _ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# Storage dtypes of the rollout's KV cache besides the compute dtype: 8-bit floats halve a bf16 cache.
+_KV_DTYPES = {**_DTYPES, "float8_e4m3fn": jnp.float8_e4m3fn}
 # Attention kernels (models/attention_kernels.py): of training, scoring and prefill; "ragged_paged" adds decode
 # and extend over a paged KV cache.
 ATTENTION_IMPLS = ("xla", "splash", "cudnn", "ragged_paged")
+CONTEXT_STRATEGIES = ("all_gather", "ulysses")  # models/context_parallel.py
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +59,14 @@ class ModelConfig:
       for "ragged_paged", the XLA statement of that kernel's contract (`paged_attention_reference`), as the
       interpreter cannot run the kernel itself.
     kv_page_size: tokens per page of the `PagedKVCache` ("ragged_paged" only).
+    context_strategy: how attention reaches the keys of a row whose tokens are split over the mesh's `context`
+      axis (`models/context_parallel.py`): "all_gather" (each device gathers the keys and values) or "ulysses"
+      (all-to-all to a split of the kv heads). A compute setting, not part of HF configs.
+    kv_cache_dtype: storage dtype of the rollout's KV cache ("" = `dtype`; "float8_e4m3fn" halves a bf16 cache:
+      keys and values are rounded to 3 mantissa bits when written and read back in the compute dtype, at scale
+      1, as vLLM's fp8 cache does without calibration). A compute setting, not part of HF configs.
+    context_load_balance: with the context axis, device i holds chunks i and 2N - 1 - i of a row's 2N (equal
+      causal attention work on every device), else chunk i of N. A compute setting, not part of HF configs.
     bos_token_id, eos_token_id: carried through for HF export.
   """
 
@@ -81,6 +92,9 @@ class ModelConfig:
   attention_impl: str = "xla"
   attention_interpret: bool = False
   kv_page_size: int = 64
+  context_strategy: str = "all_gather"
+  context_load_balance: bool = True
+  kv_cache_dtype: str = ""
   bos_token_id: int | None = 151643
   eos_token_id: int | None = 151645
 
@@ -103,6 +117,14 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.attention_impl: expected one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
     if not isinstance(self.kv_page_size, int) or self.kv_page_size < 1:
       raise ValueError(f"ModelConfig.kv_page_size: must be a positive int, got {self.kv_page_size!r}")
+    if self.context_strategy not in CONTEXT_STRATEGIES:
+      raise ValueError(f"ModelConfig.context_strategy: expected one of {CONTEXT_STRATEGIES}, got "
+                       f"{self.context_strategy!r}")
+    if self.kv_cache_dtype and self.kv_cache_dtype not in _KV_DTYPES:
+      raise ValueError(f"ModelConfig.kv_cache_dtype: expected '' or one of {sorted(_KV_DTYPES)}, got "
+                       f"{self.kv_cache_dtype!r}")
+    if not isinstance(self.context_load_balance, bool):
+      raise ValueError(f"ModelConfig.context_load_balance: must be a bool, got {self.context_load_balance!r}")
     if self.rope_theta <= 0:
       raise ValueError(f"ModelConfig.rope_theta: must be > 0, got {self.rope_theta}")
     if not 0 < self.rms_norm_eps < 1:
@@ -119,6 +141,11 @@ class ModelConfig:
   @property
   def jnp_dtype(self):
     return _DTYPES[self.dtype]
+
+  @property
+  def jnp_kv_dtype(self):
+    """The KV cache's storage dtype (`kv_cache_dtype`, default the compute dtype)."""
+    return _KV_DTYPES[self.kv_cache_dtype or self.dtype]
 
   @property
   def num_groups(self) -> int:

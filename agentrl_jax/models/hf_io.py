@@ -173,6 +173,8 @@ def export_hf(model: Qwen, out_dir: str | os.PathLike, *, dtype: str | None = No
 
   Parameters are fetched to the host one at a time. `dtype` defaults to the model's param dtype.
   """
+  if nnx.state(model, nnx.LoRAParam):
+    raise ValueError("export_hf: the model has LoRA adapters; fold them into the weights first (lora.merged)")
   out_dir = os.fspath(out_dir)
   os.makedirs(out_dir, exist_ok=True)
   cfg = model.cfg

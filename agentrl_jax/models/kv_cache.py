@@ -53,8 +53,9 @@ class KVCache:
 
   @classmethod
   def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-    """An empty cache for `batch` rows of up to `max_len` tokens each (dtype: the compute dtype)."""
-    dtype = dtype or cfg.jnp_dtype
+    """An empty cache for `batch` rows of up to `max_len` tokens each (dtype: `cfg.kv_cache_dtype`, by default
+    the compute dtype)."""
+    dtype = dtype or cfg.jnp_kv_dtype
     k_shape = (batch, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_len)
     v_shape = (batch, cfg.num_layers, cfg.num_kv_heads, max_len, cfg.head_dim)
     zeros = lambda shape, axes: sharding.shard(jnp.zeros(shape, dtype), axes)
@@ -215,7 +216,7 @@ class PagedKVCache:
 
   @classmethod
   def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> PagedKVCache:
-    dtype = dtype or cfg.jnp_dtype
+    dtype = dtype or cfg.jnp_kv_dtype
     shape = (batch, cfg.num_layers, _round_up(max_len, cfg.kv_page_size), 2 * cfg.num_kv_heads, cfg.head_dim)
     return cls(kv=sharding.shard(jnp.zeros(shape, dtype), PAGED_AXES), lengths=jnp.zeros((batch,), jnp.int32),
                page_size=cfg.kv_page_size)

@@ -10,6 +10,10 @@ The block's fields (all jobs use the same ones):
                     both are empty: `agentrl_jax.tasks.tokenizer.fill_model_block`)
     attention_impl  the attention kernel ("" = the ModelConfig's "xla"; "auto": on a TPU the kernels that compile
                     for its chip, ragged paged else splash (`attention_kernels.auto_impl`); xla elsewhere)
+    kv_cache_dtype  the rollout's KV cache storage ("" = the compute dtype; "float8_e4m3fn" halves it)
+    context_strategy
+                    how attention meets a row split over the mesh's `context` axis ("" = "all_gather";
+                    "ulysses"; `models/context_parallel.py`)
     param_dtype, dtype, remat, scan_layers
                     overrides of the ModelConfig fields ("" = keep); `dtype="auto"` is the compute dtype of the
                     backend: bfloat16 on TPU and GPU, float32 on CPU (master weights, optimizer state, logits,
@@ -32,7 +36,7 @@ from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.qwen import Qwen
 
 log = logging.getLogger(__name__)
-_OVERRIDES = ("param_dtype", "dtype", "remat", "attention_impl", "scan_layers")
+_OVERRIDES = ("param_dtype", "dtype", "remat", "attention_impl", "scan_layers", "context_strategy", "kv_cache_dtype")
 
 
 def compute_dtype(dtype: str, backend: str | None = None) -> str:
@@ -125,7 +129,7 @@ def load_policy(m: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, key: jax.
 def model_block(**kw) -> ml_collections.ConfigDict:
   """A `model` config block with every field present (configs override what they need)."""
   block = dict(size="tiny_qwen3", hf_path="", checkpoint="", checkpoint_step=0, tokenizer_path="", param_dtype="",
-               dtype="", remat=False, attention_impl="", scan_layers=True)
+               dtype="", remat=False, attention_impl="", scan_layers=True, context_strategy="", kv_cache_dtype="")
   unknown = set(kw) - set(block)
   if unknown:
     raise ValueError(f"model_block: unknown fields {sorted(unknown)}")

@@ -2,9 +2,9 @@
 
     python -m agentrl_jax.models.memory_plan --model qwen3_4b --slice v5p-16 --seq 23040 --rows 256
 
-prints, per device of a `(data, fsdp, tensor)` mesh over the slice's chips: the parameters, the AdamW moments,
-the gradient accumulator, the rollout KV cache for `rows` sequences of `seq` tokens, and the activations of one
-training micro-batch with and without rematerialisation, against the chip's HBM. Shapes and shardings are
+prints, per device of a `(data, fsdp, context, tensor)` mesh over the slice's chips: the parameters, the AdamW
+moments, the gradients and their accumulator, the rollout KV cache for `rows` sequences of `seq` tokens, and the
+activations of one training micro-batch with and without rematerialisation, against the chip's HBM. Shapes and shardings are
 exact (every parameter's partition spec comes from `sharding.LOGICAL_RULES`, applied to an abstract mesh of the
 slice's size: no devices are needed) and checked against real sharded arrays in tests/models/test_memory_plan.py.
 Activations are the residuals JAX's autodiff saves for the backward pass with a fused attention kernel (splash /
@@ -79,7 +79,7 @@ def _per_device(shape, spec, mesh_shape: dict[str, int]) -> int:
   n = 1
   for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
     axes = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
-    n *= -(-dim // math.prod(mesh_shape[a] for a in axes))
+    n *= -(-dim // math.prod(mesh_shape.get(a, 1) for a in axes))
   return n
 
 
@@ -99,7 +99,7 @@ class Plan:
   decode_working: int = 0
 
   def rows(self) -> list[tuple[str, int]]:
-    return [("params", self.params), ("AdamW moments", self.optimizer), ("gradient accumulator", self.gradients),
+    return [("params", self.params), ("AdamW moments", self.optimizer), ("gradients (+ accumulator)", self.gradients),
             ("KV cache (rollout)", self.kv_cache), ("activations (no remat)", self.activations),
             ("activations (remat)", self.activations_remat), ("decode working set", self.decode_working)]
 
@@ -121,21 +121,27 @@ USABLE_HBM = 0.9
 
 def rows_that_fit(cfg: ModelConfig, seq: int, hbm: int, mesh_shape: dict[str, int], resident: int) -> int:
   """Most rollout rows of `seq` tokens whose KV cache fits next to `resident` bytes (params and AdamW moments)
-  in `USABLE_HBM` of a chip (a multiple of the batch axes, data x fsdp, so every device holds the same rows)."""
-  unit = mesh_shape["data"] * mesh_shape["fsdp"]
+  in `USABLE_HBM` of a chip (a multiple of the cache's row axes, data x fsdp x context, so every device holds
+  the same rows)."""
+  unit = mesh_shape["data"] * mesh_shape["fsdp"] * mesh_shape.get("context", 1)
   per_unit = kv_cache_bytes(cfg, unit, seq, mesh_shape)
   free = int(hbm * USABLE_HBM) - resident
   return max(free // per_unit, 0) * unit
 
 
-def param_bytes(cfg: ModelConfig, mesh_shape: dict[str, int]) -> int:
-  """Exact parameter bytes per device under the project's sharding rules."""
+def param_bytes(cfg: ModelConfig, mesh_shape: dict[str, int], lora=None, *, adapters_only: bool = False) -> int:
+  """Exact parameter bytes per device under the project's sharding rules; `lora` (a `lora.LoraConfig`): with
+  its adapters, or (`adapters_only`) the adapters alone."""
   from flax import nnx
 
   from agentrl_jax.models import hf_io
+  from agentrl_jax.models import lora as lora_lib
 
-  mesh = jax.sharding.AbstractMesh(tuple(mesh_shape[a] for a in sharding_lib.MESH_AXES), sharding_lib.MESH_AXES)
-  state = nnx.state(hf_io.abstract_model(cfg))
+  mesh = _abstract_mesh(mesh_shape)
+  model = hf_io.abstract_model(cfg)
+  if lora is not None and lora.enabled:
+    lora_lib.apply(model, lora, jax.random.key(0))
+  state = nnx.state(model, nnx.LoRAParam if adapters_only else nnx.Param)
   total = 0
   for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable)):
     value = v.get_value()
@@ -147,13 +153,27 @@ def param_bytes(cfg: ModelConfig, mesh_shape: dict[str, int]) -> int:
 
 def kv_cache_bytes(cfg: ModelConfig, rows: int, seq: int, mesh_shape: dict[str, int]) -> int:
   """The rollout cache for `rows` sequences of `seq` tokens, sharded as `kv_cache.KVCache` lays it out."""
-  mesh = jax.sharding.AbstractMesh(tuple(mesh_shape[a] for a in sharding_lib.MESH_AXES), sharding_lib.MESH_AXES)
+  mesh = _abstract_mesh(mesh_shape)
   total = 0
   nl, k, h = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
   for shape, axes in (((rows, nl, k, h, seq), kv_cache.K_AXES), ((rows, nl, k, seq, h), kv_cache.V_AXES)):
     spec = sharding_lib.logical_to_spec(axes, shape, mesh)
-    total += _per_device(shape, spec, mesh_shape) * _itemsize(cfg.dtype)
+    total += _per_device(shape, spec, mesh_shape) * _itemsize(cfg.kv_cache_dtype or cfg.dtype)
   return total
+
+
+def _abstract_mesh(mesh_shape: dict[str, int]) -> jax.sharding.AbstractMesh:
+  shape = {"context": 1, **mesh_shape}
+  return jax.sharding.AbstractMesh(tuple(shape[a] for a in sharding_lib.MESH_AXES), sharding_lib.MESH_AXES)
+
+
+def context_bytes(cfg: ModelConfig, row_tokens: int, tensor: int, context: int) -> int:
+  """What context parallelism adds to a layer's working set (`models/context_parallel.py`): a row's keys and
+  values gathered whole (all-gather) or whole rows of a share of the heads (Ulysses: about the same bytes), and
+  their gradients before the reduce-scatter; 0 without the context axis."""
+  if context <= 1:
+    return 0
+  return 4 * row_tokens * -(-cfg.num_kv_heads // tensor) * cfg.head_dim * _itemsize(cfg.dtype)
 
 
 def activation_bytes(cfg: ModelConfig, tokens: int, tensor: int, *, remat: bool, logits_chunk: int = 1024) -> int:
@@ -220,25 +240,34 @@ def residual_bytes(cfg: ModelConfig, tokens: int, *, remat: bool, tensor: int = 
 
 
 def plan(cfg: ModelConfig, *, chips: int, hbm: int, seq: int, rows: int, data: int = 1, tensor: int = 1,
-         micro_rows: int = 1, logits_chunk: int = 1024) -> Plan:
-  """The memory plan of `cfg` on `chips` chips as a (data, fsdp = chips / data / tensor, tensor) mesh.
+         context: int = 1, micro_rows: int = 1, logits_chunk: int = 1024, lora=None) -> Plan:
+  """The memory plan of `cfg` on `chips` chips as a (data, fsdp = chips / data / context / tensor, context,
+  tensor) mesh.
 
   Args:
     seq: context length (prompt + response) of a rollout row and of a training row.
     rows: rollout rows decoded together across the slice (the KV cache's batch).
-    micro_rows: training rows per micro-batch and device.
+    context: devices a training row's tokens are split over (context parallelism: each holds seq / context).
+    micro_rows: training rows per micro-batch and row shard (the data x fsdp devices' groups).
+    lora: a `lora.LoraConfig` with rank > 0: the params carry its adapters, and only they have AdamW moments and
+      gradients (the frozen base has neither).
   """
-  if chips % (data * tensor):
-    raise ValueError(f"memory_plan: data={data} x tensor={tensor} does not divide {chips} chips")
-  mesh_shape = {"data": data, "fsdp": chips // (data * tensor), "tensor": tensor}
-  p = param_bytes(cfg, mesh_shape)
-  master = p // _itemsize(cfg.param_dtype)  # elements; the moments and the accumulator are float32
-  tokens = micro_rows * seq
+  if chips % (data * tensor * context):
+    raise ValueError(f"memory_plan: data={data} x context={context} x tensor={tensor} does not divide {chips} chips")
+  mesh_shape = {"data": data, "fsdp": chips // (data * tensor * context), "context": context, "tensor": tensor}
+  lora = lora if lora is not None and lora.enabled else None
+  p = param_bytes(cfg, mesh_shape, lora)
+  trained = p if lora is None else param_bytes(cfg, mesh_shape, lora, adapters_only=True)
+  master = trained // _itemsize(cfg.param_dtype)  # elements; the moments and the accumulator are float32
+  tokens = micro_rows * seq // context
   decode_working = decode_bytes(cfg, p)
-  return Plan(params=p, optimizer=2 * master * 4, gradients=master * 4,
+  cp = context_bytes(cfg, micro_rows * seq, tensor, context)
+  # Gradients: the update's float32 accumulator and one micro-batch's gradients beside it (the recipe's mini-batch
+  # is always several micro-batches: `rl.update.make_update_fn`).
+  return Plan(params=p, optimizer=2 * master * 4, gradients=2 * master * 4,
               kv_cache=kv_cache_bytes(cfg, rows, seq, mesh_shape),
-              activations=activation_bytes(cfg, tokens, tensor, remat=False, logits_chunk=logits_chunk),
-              activations_remat=activation_bytes(cfg, tokens, tensor, remat=True, logits_chunk=logits_chunk),
+              activations=activation_bytes(cfg, tokens, tensor, remat=False, logits_chunk=logits_chunk) + cp,
+              activations_remat=activation_bytes(cfg, tokens, tensor, remat=True, logits_chunk=logits_chunk) + cp,
               hbm=hbm, mesh=mesh_shape,
               rollout_rows_fit=rows_that_fit(cfg, seq, hbm, mesh_shape, p + 2 * master * 4 + decode_working),
               decode_working=decode_working)
@@ -256,6 +285,12 @@ def format_plan(name: str, slice_name: str, p: Plan, *, seq: int, rows: int) -> 
   return "\n".join(lines)
 
 
+def _lora(rank: int):
+  from agentrl_jax.models import lora as lora_lib
+
+  return lora_lib.LoraConfig(rank=rank) if rank else None
+
+
 def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--model", default="qwen3_4b", help="a ModelConfig size (qwen3_4b, qwen2p5_7b, ...)")
@@ -264,14 +299,16 @@ def main(argv=None) -> dict:
   ap.add_argument("--rows", type=int, default=256, help="rollout rows decoded together")
   ap.add_argument("--data", type=int, default=1)
   ap.add_argument("--tensor", type=int, default=1)
+  ap.add_argument("--context", type=int, default=1, help="devices a training row's tokens are split over")
   ap.add_argument("--micro-rows", type=int, default=1)
+  ap.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank on every projection")
   ap.add_argument("--dtype", default="bfloat16", help="compute (and KV cache) dtype")
   ap.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
   args = ap.parse_args(argv)
   cfg = ModelConfig.by_name(args.model, dtype=args.dtype)
   chips, hbm = parse_slice(args.slice)
   p = plan(cfg, chips=chips, hbm=hbm, seq=args.seq, rows=args.rows, data=args.data, tensor=args.tensor,
-           micro_rows=args.micro_rows)
+           context=args.context, micro_rows=args.micro_rows, lora=_lora(args.lora_rank))
   out = {"model": args.model, "slice": args.slice, "seq": args.seq, "rows": args.rows, "mesh": p.mesh,
          **{k: v for k, v in dataclasses.asdict(p).items() if k != "mesh"}, "train_total": p.train_total,
          "rollout_total": p.rollout_total}

@@ -23,7 +23,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from agentrl_jax.models import attention_kernels
+from agentrl_jax.models import attention_kernels, context_parallel
+from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.kv_cache import KVCache, PagedKVCache, write_chunk, write_chunk_paged
 from agentrl_jax.models.sharding import shard
@@ -83,23 +84,6 @@ def _cached_attention(qg: Float[Array, "B T K G H"], k_t: Float[Array, "B K H S"
   return attention_kernels.ungroup_queries(out, qg.shape[1])
 
 
-def _causal_blocked_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
-                              mask_bts: Array, scale: float, block: int) -> Float[Array, "B T K G H"]:
-  """Causal self-attention by query blocks: block i attends to keys [0, end of block i) only.
-
-  The keys above the diagonal block are masked anyway, so skipping them halves the attention FLOPs and the
-  score memory at long T (the full [B, N, T, T] scores at T = 20480 would not fit). Exact: every query sees the
-  same keys as in the dense form (the mask still applies inside the kept blocks: causal + packed segments).
-  """
-  t = qg.shape[1]
-  outs = []
-  for start in range(0, t, block):
-    end = min(start + block, t)
-    outs.append(attention_kernels.dense_attention(qg[:, start:end], k[:, :end], v[:, :end],
-                                                  mask_bts[:, start:end, :end], scale))
-  return jnp.concatenate(outs, axis=1)
-
-
 class Attention(nnx.Module):
   """GQA self-attention with optional qkv bias (Qwen2) and per-head q/k RMSNorm (Qwen3)."""
 
@@ -119,10 +103,11 @@ class Attention(nnx.Module):
       self.k_norm_h = _param(rngs, (h,), ("norm",), pd, "ones")
 
   def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, layer=None, cache_lengths=None, segment_ids=None,
-               chunk_lengths=None):
+               chunk_lengths=None, dropout_key=None, context=None):
     """Returns `(out [B, T, D], the updated cache arrays or None)`; `rope_cs` is `rope_angles` of the positions.
     `segment_ids` `[B, T]` (no cache; None: one sequence per row) feed the fused kernels, which build the causal +
-    segment mask themselves.
+    segment mask themselves. `context` (no cache): the rows' `context_parallel.Layout` when their tokens are
+    split over the context axis (then `mask_bts` is None and attention masks by true token indices).
 
     Without a cache, keys are this chunk's own (S = T). With one (the stacked arrays of every layer, `(k, v)` of
     a `KVCache` or `(kv,)` of a `PagedKVCache`, and this layer's index `layer`, an int or a traced scalar), the
@@ -135,6 +120,7 @@ class Attention(nnx.Module):
     q = jnp.einsum("BTD,DNH->BTNH", x_btd, self.q_dnh[...].astype(dt))
     k = jnp.einsum("BTD,DKH->BTKH", x_btd, self.k_dkh[...].astype(dt))
     v = jnp.einsum("BTD,DKH->BTKH", x_btd, self.v_dkh[...].astype(dt))
+    q, k, v = (lora_lib.add(self, name, y, x_btd, dropout_key) for name, y in (("q", q), ("k", k), ("v", v)))
     if cfg.qkv_bias:
       q = q + self.q_bias_nh[...].astype(dt)
       k = k + self.k_bias_kh[...].astype(dt)
@@ -158,16 +144,20 @@ class Attention(nnx.Module):
       new_cache = write_chunk(*cache_kv, k, v, cache_lengths, layer)
       k_t, v_l = (jax.lax.dynamic_index_in_dim(a, layer, 1, keepdims=False).astype(dt) for a in new_cache)
       out = _cached_attention(qg, k_t, v_l, mask_bts, scale)
+    elif context is not None:
+      if cfg.attention_impl == "cudnn":
+        raise ValueError("attention_impl='cudnn' has no context-parallel form: use 'xla' or a mesh with context=1")
+      impl = "xla" if cfg.attention_impl == "xla" else "splash"
+      out = context_parallel.attention(qg, k, v, segment_ids, scale, context, impl=impl,
+                                       interpret=cfg.attention_interpret)
     elif cfg.attention_impl in ("splash", "ragged_paged"):
       out = attention_kernels.splash_attention(qg, k, v, segment_ids, scale, interpret=cfg.attention_interpret)
     elif cfg.attention_impl == "cudnn":
       out = attention_kernels.cudnn_attention(qg, k, v, segment_ids, scale)
-    elif cfg.attention_block and t > cfg.attention_block:
-      out = _causal_blocked_attention(qg, k, v, mask_bts, scale, cfg.attention_block)
     else:
-      out = attention_kernels.dense_attention(qg, k, v, mask_bts, scale)
+      out = attention_kernels.causal_blocked_attention(qg, k, v, mask_bts, scale, cfg.attention_block)
     out = out.reshape(b, t, cfg.num_heads, cfg.head_dim)
-    out = jnp.einsum("BTNH,NHD->BTD", out, self.o_nhd[...].astype(dt))
+    out = lora_lib.add(self, "o", jnp.einsum("BTNH,NHD->BTD", out, self.o_nhd[...].astype(dt)), out, dropout_key)
     return shard(out, ("batch", "seq", "act_embed")), new_cache
 
 
@@ -234,10 +224,16 @@ class MLP(nnx.Module):
     self.up_df = _param(rngs, (d, f), ("embed", "mlp"), pd)
     self.down_fd = _param(rngs, (f, d), ("mlp", "embed"), pd)
 
-  def __call__(self, x_btd):
+  def __call__(self, x_btd, dropout_key=None):
     dt = self.cfg.jnp_dtype
-    fn = mlp_for_platform(attention_kernels.target_platform())
-    return fn(x_btd, self.gate_df[...].astype(dt), self.up_df[...].astype(dt), self.down_fd[...].astype(dt))
+    gate_df, up_df, down_fd = (w[...].astype(dt) for w in (self.gate_df, self.up_df, self.down_fd))
+    if lora_lib.has_adapters(self, ("gate", "up", "down")):  # adapters beside the frozen products (autodiff)
+      gate = lora_lib.add(self, "gate", jnp.einsum("BTD,DF->BTF", x_btd, gate_df), x_btd, dropout_key)
+      up = lora_lib.add(self, "up", jnp.einsum("BTD,DF->BTF", x_btd, up_df), x_btd, dropout_key)
+      act_btf = shard(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))
+      out = lora_lib.add(self, "down", jnp.einsum("BTF,FD->BTD", act_btf, down_fd), act_btf, dropout_key)
+      return shard(out, ("batch", "seq", "act_embed"))
+    return mlp_for_platform(attention_kernels.target_platform())(x_btd, gate_df, up_df, down_fd)
 
 
 class DecoderLayer(nnx.Module):
@@ -251,12 +247,13 @@ class DecoderLayer(nnx.Module):
     self.mlp = MLP(cfg, rngs=rngs)
 
   def __call__(self, x_btd, rope_cs, mask_bts, cache_kv=None, layer=None, cache_lengths=None, segment_ids=None,
-               chunk_lengths=None):
+               chunk_lengths=None, dropout_key=None, context=None):
     eps = self.cfg.rms_norm_eps
+    keys = (None, None) if dropout_key is None else tuple(jax.random.split(dropout_key))
     h, new_cache = self.attn(rms_norm(x_btd, self.attn_norm_d[...], eps), rope_cs, mask_bts, cache_kv, layer,
-                             cache_lengths, segment_ids, chunk_lengths)
+                             cache_lengths, segment_ids, chunk_lengths, keys[0], context)
     x_btd = x_btd + h
-    x_btd = x_btd + self.mlp(rms_norm(x_btd, self.mlp_norm_d[...], eps))
+    x_btd = x_btd + self.mlp(rms_norm(x_btd, self.mlp_norm_d[...], eps), keys[1])
     return x_btd, new_cache
 
 
@@ -302,6 +299,8 @@ class Qwen(nnx.Module):
       cache: KVCache | PagedKVCache | None = None,
       chunk_lengths: Int[Array, "B"] | None = None,
       return_hidden: bool = False,
+      dropout_key: jax.Array | None = None,
+      in_context_layout: bool = False,
   ) -> tuple[Float[Array, "B T V"] | Float[Array, "B T D"], KVCache | PagedKVCache | None]:
     """Runs the decoder.
 
@@ -313,6 +312,11 @@ class Qwen(nnx.Module):
       chunk_lengths: `[B]` valid tokens of each row's chunk (cache mode); default T for every row.
       return_hidden: return the final normalised hidden states `[B, T, D]` instead of logits (for chunked
         log-prob computation; see `unembed`).
+      dropout_key: LoRA dropout on the adapters' inputs (training updates; no-cache mode); None: none.
+      in_context_layout: no-cache mode under a mesh whose `context` axis splits the rows' tokens
+        (`context_parallel.layout_for`): `tokens`, `positions` (then required) and `segment_ids` are already in
+        the load-balanced layout, and so is the output. By default the model puts them in it and the output
+        back in token order.
 
     Returns:
       `(logits [B, T, V] float32 or hidden [B, T, D], new cache or None)`.
@@ -320,10 +324,23 @@ class Qwen(nnx.Module):
     cfg = self.cfg
     b, t = tokens.shape
     segs = None
+    q_idx = jnp.arange(t, dtype=jnp.int32)
+    layout = context_parallel.layout_for(t, cfg) if cache is None else None
+    if layout is not None:
+      # Tokens split over the context axis, in the load-balanced layout: attention masks by true indices.
+      if in_context_layout and positions is None:
+        raise ValueError("in_context_layout=True needs the positions of the laid-out tokens")
+      if not in_context_layout:
+        positions = jnp.broadcast_to(q_idx, (b, t)) if positions is None else positions
+        tokens, positions = context_parallel.to_layout(tokens, layout), context_parallel.to_layout(positions, layout)
+        if segment_ids is not None:
+          segment_ids = context_parallel.to_layout(segment_ids, layout)
+      if cfg.attention_impl != "xla":
+        attention_kernels.check_backend(cfg.attention_impl, cfg.attention_interpret)
+      segs, mask = None if segment_ids is None else segment_ids.astype(jnp.int32), None
     x = jnp.take(self.embed_vd[...], tokens, axis=0).astype(cfg.jnp_dtype)
     x = shard(x, ("batch", "seq", "act_embed"))
-    q_idx = jnp.arange(t, dtype=jnp.int32)
-    if cache is None:
+    if cache is None and layout is None:
       if positions is None:
         positions = jnp.broadcast_to(q_idx, (b, t))
       mask = q_idx[None, :, None] >= q_idx[None, None, :]  # causal over this chunk
@@ -333,7 +350,7 @@ class Qwen(nnx.Module):
       if cfg.attention_impl != "xla":
         attention_kernels.check_backend(cfg.attention_impl, cfg.attention_interpret)
         segs = None if segment_ids is None else segment_ids.astype(jnp.int32)
-    else:
+    elif cache is not None:
       if positions is not None or segment_ids is not None:
         raise ValueError("positions/segment_ids are implied by the cache; do not pass them in cache mode")
       if chunk_lengths is None:
@@ -352,8 +369,10 @@ class Qwen(nnx.Module):
     rope_cs = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
     arrays = None if cache is None else cache.arrays()
     x, arrays = self._run_layers(x, rope_cs, mask, arrays, None if cache is None else cache.lengths, segs,
-                                 chunk_lengths)
+                                 chunk_lengths, None if cache is not None else dropout_key, layout)
     x = rms_norm(x, self.final_norm_d[...], cfg.rms_norm_eps)
+    if layout is not None and not in_context_layout:
+      x = shard(context_parallel.from_layout(x, layout), ("batch", "seq", "act_embed"))
     new_cache = None
     if cache is not None:
       new_cache = cache.with_arrays(arrays, cache.lengths + chunk_lengths.astype(jnp.int32))
@@ -361,15 +380,17 @@ class Qwen(nnx.Module):
       return x, new_cache
     return self.unembed(x), new_cache
 
-  def _run_layers(self, x, rope_cs, mask, arrays, lengths, segs, chunk_lengths):
+  def _run_layers(self, x, rope_cs, mask, arrays, lengths, segs, chunk_lengths, dropout_key=None, layout=None):
     """The decoder stack over the stacked layer params: one scanned body or L unrolled calls (module
     docstring). `arrays` are the stacked cache arrays (cache mode), carried through the layers and updated in
-    place; returns `(x, arrays)`."""
+    place; returns `(x, arrays)`. `dropout_key` (no-cache mode): split into one key per layer."""
     cfg = self.cfg
     layer_def, stacked = nnx.split(self.layers)
+    keys = None if dropout_key is None else jax.random.split(dropout_key, cfg.num_layers)
 
-    def one(state, x, arrays, i):
-      return nnx.merge(layer_def, state)(x, rope_cs, mask, arrays, i, lengths, segs, chunk_lengths)
+    def one(state, x, arrays, i, key=None):
+      return nnx.merge(layer_def, state)(x, rope_cs, mask, arrays, i, lengths, segs, chunk_lengths, key,
+                                         layout)
 
     if arrays is not None and isinstance(arrays[0], tuple):  # a cache of one array per layer (`per_layer`)
       out = []
@@ -379,12 +400,12 @@ class Qwen(nnx.Module):
       return x, tuple(zip(*out))
     if cfg.scan_layers:
       if arrays is None:
-        def body(x, state):
-          return one(state, x, None, None)[0], None
+        def body(x, xs):
+          return one(xs[0], x, None, None, xs[1])[0], None
 
         if cfg.remat:
           body = jax.checkpoint(body, prevent_cse=False)  # inside a scan, CSE cannot merge the recomputation
-        x, _ = jax.lax.scan(body, x, stacked)
+        x, _ = jax.lax.scan(body, x, (stacked, keys))
         return x, None
 
       def cached_body(carry, xs):
@@ -394,7 +415,7 @@ class Qwen(nnx.Module):
       return x, arrays
     step = jax.checkpoint(one, static_argnums=(3,)) if cfg.remat and arrays is None else one
     for i, state in enumerate(unstack_layers(stacked, cfg.num_layers)):
-      x, arrays = step(state, x, arrays, i)
+      x, arrays = step(state, x, arrays, i, None if keys is None else keys[i])
     return x, arrays
 
   def unembed(self, hidden: Float[Array, "... D"]) -> Float[Array, "... V"]:

@@ -2,10 +2,15 @@
 
 Every parameter carries `logical_axes` metadata naming its dimensions (e.g. `("embed", "heads", "head_dim")`)
 and activations are constrained with `shard(x, ("batch", "seq", "act_embed"))`. This module maps those names
-onto the mesh axes `data`, `fsdp` and `tensor`:
+onto the mesh axes `data`, `fsdp`, `context` and `tensor`:
 
 * `data`: pure data parallelism (params replicated across it).
 * `fsdp`: data parallelism for activations, parameters sharded along their embed dimension (ZeRO-3 style).
+* `context`: context parallelism (MaxText's `ici_context_parallelism`): the tokens of a row (`seq`) are split
+  over it in training, scoring and prefill, attention gathers the keys and values (`models/context_parallel.py`),
+  and parameters are sharded over it as over `fsdp` (the devices of one row's shards hold different tokens of
+  the same rows, so they share the weights' storage as data-parallel devices do). The passes over the rollout's
+  KV cache (decode, extend) put rows over it instead (`rows_layout`): a cache row lives on one device.
 * `tensor`: Megatron-style tensor parallelism over heads, kv heads, MLP width and vocabulary.
 
 A dimension that a mesh axis does not divide is replicated instead of failing, so tiny test models run on any
@@ -15,19 +20,22 @@ mesh (checked by `logical_to_spec` against the concrete shape).
 from __future__ import annotations
 
 from collections.abc import Sequence
+import contextlib
 import math
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import numpy as np
 
-MESH_AXES = ("data", "fsdp", "tensor")
+# Order = device order: the innermost axes get the nearest chips (jax.make_mesh), so tensor and context, whose
+# collectives run in every layer, sit inside fsdp and data.
+MESH_AXES = ("data", "fsdp", "context", "tensor")
 
 # The one rules table: logical dimension name -> mesh axis (or axes, or None = replicated).
 LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     # activations
     "batch": ("data", "fsdp"),
-    "seq": None,
+    "seq": "context",
     "act_embed": None,
     "act_heads": "tensor",
     "act_kv_heads": "tensor",
@@ -36,7 +44,7 @@ LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     # parameters
     "layers": None,  # the stacked decoder layers' leading axis (scanned over, so never sharded)
     "vocab": "tensor",
-    "embed": "fsdp",
+    "embed": ("fsdp", "context"),
     "heads": "tensor",
     "kv_heads": "tensor",
     "head_dim": None,
@@ -44,21 +52,47 @@ LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     "norm": None,
     # KV cache
     "cache_layers": None,
-    "cache_batch": ("data", "fsdp"),
+    "cache_batch": ("data", "fsdp", "context"),  # the rollout's row slots: one row's cache on one device
     "cache_seq": None,
     "cache_kv_heads": "tensor",
     "cache_head_dim": None,
 }
 
 
-def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """Builds a (data, fsdp, tensor) mesh; one axis may be -1 to take the remaining devices.
+# Rules that replace LOGICAL_RULES' entries while a pass over the rollout's cache is traced (`rows_layout`).
+_ROWS_LAYOUT = {"batch": ("data", "fsdp", "context"), "seq": None}
+_overrides: list[dict] = []
+
+
+@contextlib.contextmanager
+def rows_layout():
+  """While tracing inside it, activations put rows over every batch-like axis, `context` included, and never
+  split a row's tokens: the layout of the KV cache's row slots (`cache_batch`). The sampler's decode and extend
+  trace under it, so their activations, the cache and the attention kernels' per-shard calls agree (a row's
+  cache whole on one device, as the ragged paged kernel reads it) however the training layout splits tokens."""
+  _overrides.append(_ROWS_LAYOUT)
+  try:
+    yield
+  finally:
+    _overrides.pop()
+
+
+def _rule(name: str):
+  for table in reversed(_overrides):
+    if name in table:
+      return table[name]
+  return LOGICAL_RULES[name]
+
+
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[jax.Device] | None = None, *,
+              context: int = 1) -> Mesh:
+  """Builds a (data, fsdp, context, tensor) mesh; one axis may be -1 to take the remaining devices.
 
   Raises:
     ValueError: the axis sizes do not multiply to the device count.
   """
   devices = list(devices if devices is not None else jax.devices())
-  sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+  sizes = {"data": data, "fsdp": fsdp, "context": context, "tensor": tensor}
   free = [k for k, v in sizes.items() if v == -1]
   if len(free) > 1:
     raise ValueError(f"make_mesh: at most one axis may be -1, got {sizes}")
@@ -75,12 +109,15 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
   axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
   try:
     return jax.make_mesh(shape, MESH_AXES, devices=devices, axis_types=axis_types)
-  except ValueError:  # a device subset make_mesh cannot lay out physically
+  except (ValueError, AssertionError):
+    # A device subset JAX cannot lay out physically (not a cuboid of the slice: the disaggregated trainer's or
+    # sampler's share of several hosts; jax asserts on those): the devices in the order given.
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=axis_types)
 
 
 def mesh_from_config(block) -> Mesh:
-  """The mesh of a config's `mesh` block: data / fsdp / tensor sizes and `num_devices` (0 = all devices)."""
+  """The mesh of a config's `mesh` block: data / fsdp / context / tensor sizes and `num_devices` (0 = all
+  devices)."""
   sizes = dict(block)
   num_devices = sizes.pop("num_devices", 0)
   return make_mesh(**sizes, devices=jax.devices()[:num_devices or None])
@@ -95,10 +132,19 @@ def sampler_mesh_from_config(block, train_mesh: Mesh) -> Mesh:
   The sampler reads the trainer's params through `Sampler.place_params` (a device-to-device `jax.device_put`)
   and holds that copy for the rollout, next to the trainer's.
   """
-  sizes = {k: v for k, v in dict(block or {}).items() if k != "num_devices"}
-  if not any(sizes.values()):
+  sizes = sampler_sizes(block)
+  if sizes is None:
     return train_mesh
   return make_mesh(**sizes, devices=train_mesh.devices.flatten().tolist())
+
+
+def sampler_sizes(block) -> dict[str, int] | None:
+  """A `sampler_mesh` block's axis sizes for `make_mesh` (an axis left 0 has size 1), or None when every size is
+  0 (the sampler uses the trainer's layout)."""
+  sizes = {k: v for k, v in dict(block or {}).items() if k != "num_devices"}
+  if not any(sizes.values()):
+    return None
+  return {k: sizes.get(k) or 1 for k in MESH_AXES}
 
 
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int] | None = None,
@@ -116,7 +162,7 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int] | None = No
       continue
     if name not in LOGICAL_RULES:
       raise ValueError(f"logical axis {name!r} is not in LOGICAL_RULES")
-    rule = LOGICAL_RULES[name]
+    rule = _rule(name)
     mesh_axes = () if rule is None else ((rule,) if isinstance(rule, str) else tuple(rule))
     mesh_axes = tuple(a for a in mesh_axes if a not in used)
     if mesh is not None:

@@ -5,6 +5,8 @@ seeds, compared in one table (`bash launch/ablations.sh`; `configs/ablations.py`
     (b) clipping     clip-higher (0.2 / 0.28) vs symmetric (0.2 / 0.2): entropy and held-out accuracy per step
     (c) tool use     the deliberative teacher (one call where the tool is needed) vs the frequent one (a call
                      for every problem and every operation): calls per response, tool success rate, accuracy
+    (lora)           RL with LoRA adapters on the full SFT checkpoint vs full-parameter RL (not a finding of the
+                     paper: what the adapters that fit large models on small chips give up)
 
 Every arm is the pipeline job itself (`pipeline.job.run`) in `<workdir>/<arm>-s<seed>/`. Arms of one seed share
 the stages whose inputs are identical (the clipping arm reuses the baseline's data, teacher, SFT, evaluation
@@ -40,6 +42,8 @@ FINDINGS = {
                  [("clip_hi_scaled", "clip 0.05 / 0.07"), ("clip_sym_scaled", "clip 0.05 / 0.05")]),
     "b-ep4": ("clip-higher vs symmetric clipping, 4 epochs over each rollout batch",
               [("clip_hi_ep4", "clip 0.2 / 0.28, 4 epochs"), ("clip_sym_ep4", "clip 0.2 / 0.2, 4 epochs")]),
+    "lora": ("RL with LoRA adapters on the full SFT checkpoint vs full-parameter RL",
+             [("real", "full RL"), ("lora", "LoRA RL")]),
 }
 
 
@@ -87,6 +91,7 @@ def _arm_result(workdir: str, summary: dict[str, Any], k: int) -> dict[str, Any]
   rows = stages.read_jsonl(os.path.join(workdir, "rl", "metrics.jsonl"))
   source = "toy_arith"
   return {"sft": summary["sft"], "rl": summary["rl"], "delta": summary.get("delta", {}), "wall_s": summary["wall_s"],
+          "rl_wall_s": summary.get("stages", {}).get("rl", {}).get("wall_s"),
           "teacher": summary.get("teacher", {}), "filter": summary.get("filter", {}),
           "curves": {"entropy": _curve(rows, "train/entropy"), "clip_frac_high": _curve(rows, "train/clip_frac_high"),
                      "clip_frac_low": _curve(rows, "train/clip_frac_low"),
@@ -154,8 +159,8 @@ def table(results: dict[str, dict[int, dict]], seeds: list[int], k: int,
     lines += [f"### ({finding}) {title}", "",
               f"| arm | seed | SFT avg@{k} | RL avg@{k} | RL - SFT [95% CI] | RL vs {base_label} [95% CI] | "
               "calls/resp | tool success | resp. len | entropy (last) | upper clip binds (mean frac.) | "
-              "upper clip reachable (mean frac.) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "upper clip reachable (mean frac.) | RL stage s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for j, (arm, label) in enumerate(arms):
       for seed in seeds:
         r = results.get(arm, {}).get(seed)
@@ -169,7 +174,8 @@ def table(results: dict[str, dict[int, dict]], seeds: list[int], k: int,
                      f"{_ci(r.get('delta', {}).get(f'avg@{k}'))} | {vs} | "
                      f"{_num(r['rl'].get('tool_calls_per_response'), '{:.2f}')} | "
                      f"{_num(r['rl'].get('tool_success_rate'))} | {_num(r['rl'].get('response_len_mean'), '{:.1f}')} | "
-                     f"{_num(ent)} | {_num(clip, '{:.2e}')} | {_num(reach, '{:.2e}')} |")
+                     f"{_num(ent)} | {_num(clip, '{:.2e}')} | {_num(reach, '{:.2e}')} | "
+                     f"{_num(r.get('rl_wall_s'), '{:.0f}')} |")
     lines += ["", f"({finding}) after RL, {verdict(pairs.get(finding, {}), seeds)}.", ""]
   return "\n".join(lines)
 

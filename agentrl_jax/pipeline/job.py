@@ -31,9 +31,12 @@ _INPUTS = {
     "sft": ("model", "tokenizer", "mesh", "sft", "sft_optimizer"),
     "eval_sft": ("eval", "rollout", "tools", "reward", "prompt_style"),
     "filter": ("filter", "rollout", "tools", "reward", "prompt_style"),
-    "rl": ("rl", "optimizer", "eval", "rollout", "tools", "reward", "prompt_style"),
+    "rl": ("rl", "optimizer", "lora", "eval", "rollout", "tools", "reward", "prompt_style"),
     "eval_rl": ("eval",),
 }
+# Blocks recorded only when they differ from these values (LoRA off): a run made before the block existed
+# compares equal to one of today's that leaves it off.
+_DEFAULTS = {"lora": {"rank": 0}}
 _DEPENDS = {"data": (), "teacher": ("data",), "sft": ("teacher",), "eval_sft": ("sft",), "filter": ("sft",),
             "rl": ("filter",), "eval_rl": ("rl",)}
 _TITLES = {
@@ -59,7 +62,12 @@ def stage_inputs(config: ml_collections.ConfigDict, stage: str) -> dict[str, Any
   out: dict[str, Any] = {}
   for dep in _DEPENDS[stage]:
     out.update(stage_inputs(config, dep))
-  out.update({k: _get(config, k) for k in _INPUTS[stage]})
+  for k in _INPUTS[stage]:
+    if k in _DEFAULTS:
+      value = _get(config, k) if k in config else None
+      if value is None or all(value.get(f) == v for f, v in _DEFAULTS[k].items()):
+        continue
+    out[k] = _get(config, k)
   return json.loads(json.dumps(out, sort_keys=True, default=str))
 
 

@@ -288,6 +288,8 @@ def rl_config(config: ml_collections.ConfigDict, workdir: str, results: dict) ->
   job.data.train_path = results["filter"]["output"]
   job.rl = ml_collections.ConfigDict(config.rl.to_dict())
   job.optimizer = ml_collections.ConfigDict(config.optimizer.to_dict())
+  if "lora" in config:
+    job.lora = ml_collections.ConfigDict(config.lora.to_dict())
   ev = config.eval
   job.eval = ml_collections.ConfigDict(dict(
       sources=[dict(name="heldout_curve", path=results["data"]["splits"]["heldout_curve"]["path"], schema="rl")],

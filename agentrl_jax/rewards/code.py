@@ -9,7 +9,6 @@ asserts). As in the recipe, only the text after `</think>` is searched when the 
 
 from __future__ import annotations
 
-import ast
 import atexit
 import logging
 import re
@@ -19,6 +18,7 @@ from agentrl_jax.rewards.base import RewardResult
 from agentrl_jax.tools import testcases
 from agentrl_jax.tools.base import Executor, ToolConfig
 from agentrl_jax.tools.executors import make_executor
+from agentrl_jax.tools import pyast
 
 logger = logging.getLogger(__name__)
 _BLOCK_RE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -64,7 +64,7 @@ def score(response: str, ground_truth, executor: Executor | None = None) -> Rewa
   if code is None or not code.strip():
     return RewardResult(-1.0, False, "", "no ```python code block")
   try:
-    ast.parse(code)
+    pyast.parse(code)
   except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
     return RewardResult(-1.0, False, code, f"syntax error: {e}")
   try:

@@ -13,6 +13,8 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, Int
 
+from agentrl_jax.models import sharding
+
 # ------------------------------------------------------------------------------------------------------------
 # Token log-probs and entropy
 # ------------------------------------------------------------------------------------------------------------
@@ -45,15 +47,30 @@ def _chunk_len(t: int, chunk_size: int | None) -> int:
   return chunk_size
 
 
-def _chunks(x: jax.Array, chunk: int) -> jax.Array:
-  """[B, T, ...] -> [T / C, B, C, ...]."""
-  return jnp.moveaxis(x.reshape(x.shape[0], x.shape[1] // chunk, chunk, *x.shape[2:]), 1, 0)
+def _chunks(x: jax.Array, chunk: int, shards: int = 1) -> jax.Array:
+  """[B, T, ...] -> [T / (S C), B, S C, ...]: chunk i holds tokens [i C, (i + 1) C) of each of the S equal
+  parts of T, so when T is split over S devices (context parallelism) every chunk is too, C tokens a device."""
+  b, t = x.shape[:2]
+  x = x.reshape(b, shards, t // (shards * chunk), chunk, *x.shape[2:])
+  x = jnp.moveaxis(x, 2, 0)
+  x = x.reshape(x.shape[0], b, shards * chunk, *x.shape[4:])
+  return _per_device(x, (None, "batch", "seq"), shards)
 
 
-def _unchunks(x: jax.Array) -> jax.Array:
-  """[T / C, B, C, ...] -> [B, T, ...]."""
-  x = jnp.moveaxis(x, 0, 1)
-  return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
+def _per_device(x: jax.Array, axes: tuple, shards: int) -> jax.Array:
+  """With T split over `shards` > 1 devices, pins `x`'s token axis to the context axis (axes: its leading
+  dims' logical names), so each chunk's logits are computed a device's share at a time; else `x` as is."""
+  if shards == 1:
+    return x
+  return sharding.shard(x, axes + (None,) * (x.ndim - len(axes)))
+
+
+def _unchunks(x: jax.Array, shards: int = 1) -> jax.Array:
+  """[T / (S C), B, S C, ...] -> [B, T, ...]: the inverse of `_chunks`."""
+  m, b, sc = x.shape[:3]
+  x = x.reshape(m, b, shards, sc // shards, *x.shape[3:])
+  x = jnp.moveaxis(x, 0, 2)
+  return x.reshape(b, m * sc, *x.shape[4:])
 
 
 def _chunked_over_t(fn, t: int, chunk_size: int | None):
@@ -124,6 +141,7 @@ def token_logprobs_and_entropy_from_hidden(
     *,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    shards: int = 1,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
   """Like token_logprobs_and_entropy, but fused with the LM head so [B, T, V] is never materialised.
 
@@ -136,13 +154,15 @@ def token_logprobs_and_entropy_from_hidden(
     unembed_dv: [D, V] output projection (pass `embedding_vd.T` for tied embeddings).
     tokens: [B, T] token ids.
     temperature: sampling temperature.
-    chunk_size: chunk length over T (must divide T); None computes everything at once.
+    chunk_size: chunk length over T (must divide T / shards); None computes everything at once.
+    shards: T's split over the devices of the context axis (context parallelism): each chunk takes
+      `chunk_size` tokens of each device's part (`_chunks`), not `chunk_size` tokens of one device's.
 
   Returns:
     (logp [B, T], entropy [B, T]), float32.
   """
-  chunk = _chunk_len(hidden.shape[1], chunk_size)
-  return _fused_lm_head(hidden, unembed_dv, tokens.astype(jnp.int32), float(temperature), chunk)
+  chunk = _chunk_len(hidden.shape[1] // shards, chunk_size)
+  return _fused_lm_head(hidden, unembed_dv, tokens.astype(jnp.int32), float(temperature), chunk, shards)
 
 
 def _chunk_logits(h, w, temperature):
@@ -150,18 +170,18 @@ def _chunk_logits(h, w, temperature):
   return z / temperature if temperature != 1.0 else z
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _fused_lm_head(hidden, unembed_dv, tokens, temperature: float, chunk: int):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _fused_lm_head(hidden, unembed_dv, tokens, temperature: float, chunk: int, shards: int):
   """(logp, entropy) per token. The forward pass also keeps each token's max logit, log-sum-exp and mean logit
   after the shift, which the backward pass reuses. Logits are finite here (a matrix product), so no -inf
   handling is needed."""
-  return _fused_lm_head_fwd(hidden, unembed_dv, tokens, temperature, chunk)[0]
+  return _fused_lm_head_fwd(hidden, unembed_dv, tokens, temperature, chunk, shards)[0]
 
 
-def _fused_lm_head_fwd(hidden, unembed_dv, tokens, temperature, chunk):
+def _fused_lm_head_fwd(hidden, unembed_dv, tokens, temperature, chunk, shards):
   def one(args):
     h, tk = args
-    z = _chunk_logits(h, unembed_dv, temperature)
+    z = _per_device(_chunk_logits(h, unembed_dv, temperature), ("batch", "seq", "act_vocab"), shards)
     z_max = jnp.max(z, axis=-1, keepdims=True)
     zs = z - z_max  # O(1) lse and E_p[z]: see _logp_entropy
     e = jnp.exp(zs)
@@ -171,11 +191,12 @@ def _fused_lm_head_fwd(hidden, unembed_dv, tokens, temperature, chunk):
     z_tok = jnp.take_along_axis(zs, tk[..., None], axis=-1)[..., 0]
     return z_tok - lse, lse - mean_z, (z_max[..., 0], lse, mean_z)
 
-  logp, entropy, stats = lax.map(one, (_chunks(hidden, chunk), _chunks(tokens, chunk)))
-  return (_unchunks(logp), _unchunks(entropy)), (hidden, unembed_dv, tokens, jax.tree.map(_unchunks, stats))
+  logp, entropy, stats = lax.map(one, (_chunks(hidden, chunk, shards), _chunks(tokens, chunk, shards)))
+  unchunks = functools.partial(_unchunks, shards=shards)
+  return (unchunks(logp), unchunks(entropy)), (hidden, unembed_dv, tokens, jax.tree.map(unchunks, stats))
 
 
-def _fused_lm_head_bwd(temperature, chunk, res, cotangents):
+def _fused_lm_head_bwd(temperature, chunk, shards, res, cotangents):
   """d logp / dz = onehot(token) - p and d entropy / dz = -p (z - E_p[z]), so the logits' gradient is
   `g_lp onehot - p (g_lp + g_ent (z - E_p[z]))`, one pass over the recomputed chunk; then the two products."""
   hidden, w, tokens, (z_max, lse, mean_z) = res
@@ -184,7 +205,7 @@ def _fused_lm_head_bwd(temperature, chunk, res, cotangents):
 
   def one(dw, args):
     h, tk, m, l, mz, glp, gent = args
-    zs = _chunk_logits(h, w, temperature) - m[..., None]
+    zs = _per_device(_chunk_logits(h, w, temperature), ("batch", "seq", "act_vocab"), shards) - m[..., None]
     p = jnp.exp(zs - l[..., None])
     onehot = jnp.arange(v, dtype=jnp.int32) == tk[..., None]
     dz = jnp.where(onehot, glp[..., None], 0.0) - p * (glp[..., None] + gent[..., None] * (zs - mz[..., None]))
@@ -195,9 +216,9 @@ def _fused_lm_head_bwd(temperature, chunk, res, cotangents):
     dw = dw + jnp.einsum("BCD,BCV->DV", h, dz, preferred_element_type=jnp.float32)
     return dw, dh
 
-  xs = tuple(_chunks(x, chunk) for x in (hidden, tokens, z_max, lse, mean_z, g_lp, g_ent))
+  xs = tuple(_chunks(x, chunk, shards) for x in (hidden, tokens, z_max, lse, mean_z, g_lp, g_ent))
   dw, dh = lax.scan(one, jnp.zeros(w.shape, jnp.float32), xs)
-  return _unchunks(dh), dw.astype(w.dtype), None
+  return _unchunks(dh, shards), dw.astype(w.dtype), None
 
 
 _fused_lm_head.defvjp(_fused_lm_head_fwd, _fused_lm_head_bwd)

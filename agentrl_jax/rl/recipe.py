@@ -29,11 +29,12 @@ import os
 import ml_collections
 
 from agentrl_jax.models import loading
+from agentrl_jax.models import lora
 
 # The real AIME 2024 copy shipped beside the project checkout (../shared/data); never copied into the repo.
 SHARED_AIME2024 = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
                                                 "shared", "data", "aime2024.jsonl"))
-_TRAINING_BLOCKS = ("rl", "optimizer", "eval", "checkpoint", "log_every_steps", "samples_every_steps",
+_TRAINING_BLOCKS = ("rl", "optimizer", "lora", "eval", "checkpoint", "log_every_steps", "samples_every_steps",
                     "samples_per_log", "wandb_project")
 
 
@@ -54,7 +55,7 @@ def rl_config(**model) -> ml_collections.ConfigDict:
   config.seed = 0
   config.model = loading.model_block(**{"size": "qwen3_4b", "param_dtype": "float32", "dtype": "auto",
                                         "attention_impl": "auto", "remat": True, **model})
-  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=0))
+  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, context=1, tensor=1, num_devices=0))
   # The rollouts' layout over the same devices (e.g. data=1, fsdp=1, tensor=-1); all zero: the trainer's mesh.
   config.sampler_mesh = ml_collections.ConfigDict(dict(data=0, fsdp=0, tensor=0))
   config.data = ml_collections.ConfigDict(dict(
@@ -123,6 +124,9 @@ def rl_config(**model) -> ml_collections.ConfigDict:
   config.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=1e-6, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, grad_clip=1.0, schedule="constant",
       warmup_steps=0))
+  # LoRA adapters instead of full fine-tuning when rank > 0 (`models.lora`: targets by pattern over q, k, v, o,
+  # gate, up, down); only they train, checkpoints hold only them, the KL reference is the base itself.
+  config.lora = lora.config_block()
   config.eval = ml_collections.ConfigDict(dict(
       sources=[],                    # e.g. recipe.eval_sources("/data/eval")
       every_steps=10, at_start=True, n=32, temperature=1.0, top_p=0.6, top_k=0, ks=[1, 8, 16, 32],
@@ -132,6 +136,45 @@ def rl_config(**model) -> ml_collections.ConfigDict:
   config.samples_every_steps = 10
   config.samples_per_log = 8
   config.wandb_project = ""
+  return config
+
+
+# The recipe's RL config on each TPU generation's 16-chip slice: the layout, the rollout rows, and where the
+# chips' HBM requires it LoRA and an 8-bit KV cache. Each entry is proved by the TPU compiler from a CPU host
+# (`python -m agentrl_jax.aot --config=configs/demystify_<size>.py:<family> --topology=<topology>`; README,
+# "Choosing the axes for a slice"); the default config (no argument) is the v5p layout.
+#   context       devices each 23,040-token row's tokens are split over (context parallelism; fsdp takes the
+#                 rest): what lets a 16 GiB v5e chip hold a row's activations
+#   micro         rows per micro-batch of the update and scoring (one row per row shard)
+#   rows, groups  rollout row slots (a multiple of the 16 chips), and prompts per prefill call
+#   lora          adapter rank (0: full fine-tuning); alpha = 2 x rank, learning rate 10x the recipe's 1e-6
+#                 (LoRA's best learning rate runs ~10x full fine-tuning's: Thinking Machines, "LoRA Without
+#                 Regret", 2025)
+#   kv            the rollout cache's storage dtype ("": bf16)
+SLICE_LAYOUTS = {
+    ("qwen3_4b", "v5e"): dict(topology="v5e:4x4", context=2, micro=8, rows=48, groups=3, lora=0, kv=""),
+    ("qwen3_4b", "v6e"): dict(topology="v6e:4x4", context=1, micro=16, rows=256, groups=8, lora=64,
+                              kv="float8_e4m3fn"),
+    ("qwen2p5_7b", "v5e"): dict(topology="v5e:4x4", context=2, micro=8, rows=112, groups=7, lora=64, kv=""),
+    ("qwen2p5_7b", "v6e"): dict(topology="v6e:4x4", context=2, micro=8, rows=256, groups=8, lora=64, kv=""),
+}
+SLICE_FAMILIES = ("v5e", "v6e")
+LORA_LEARNING_RATE = 1e-5  # 10x the recipe's full fine-tuning rate
+
+
+def for_slice(config: ml_collections.ConfigDict, size: str, family: str) -> ml_collections.ConfigDict:
+  """Sets `config` (an `rl_config`) to `SLICE_LAYOUTS[(size, family)]`: mesh, micro-batch, rollout rows,
+  LoRA and KV cache storage for that generation's 16-chip slice."""
+  if (size, family) not in SLICE_LAYOUTS:
+    raise ValueError(f"recipe.for_slice: no layout for {size} on {family}; known: {sorted(SLICE_LAYOUTS)}")
+  s = SLICE_LAYOUTS[(size, family)]
+  config.mesh.update(data=1, fsdp=-1, context=s["context"], tensor=1)
+  config.rl.micro_batch_size = s["micro"]
+  config.rollout.update(batch_size=s["rows"], groups_per_prefill=s["groups"])
+  config.model.kv_cache_dtype = s["kv"]
+  if s["lora"]:
+    config.lora.update(rank=s["lora"], alpha=2.0 * s["lora"])
+    config.optimizer.learning_rate = LORA_LEARNING_RATE
   return config
 
 
@@ -196,7 +239,8 @@ def sft_config(**model) -> ml_collections.ConfigDict:
   ))
   config.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=1e-5, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01, grad_clip=1.0, min_lr_ratio=0.0))
-  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=0))  # 0: all
+  config.lora = lora.config_block()  # rank > 0: LoRA adapters instead of full fine-tuning (`models.lora`)
+  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, context=1, tensor=1, num_devices=0))  # 0: all
   config.checkpoint = ml_collections.ConfigDict(dict(every_steps=62, max_to_keep=3, async_save=True))
   config.log_every_steps = 10
   config.wandb_project = ""     # log to W&B too when set and wandb is installed

@@ -35,7 +35,6 @@ import os
 import pickle
 import time
 
-from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -43,8 +42,10 @@ import numpy as np
 
 from agentrl_jax import checkpoint as ckpt_lib
 from agentrl_jax import compile_stats, data, metrics_writer, multihost, rewards
+from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.evaluation import runner as eval_runner
 from agentrl_jax.models import loading
+from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.rl import advantages as adv_lib
 from agentrl_jax.rl import batch as batch_lib
@@ -134,24 +135,24 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
            prepared.num_examples, prepared.num_skipped, rl.prompts_per_step, n, total_steps, len(eval_records))
 
   # ---------------------------------------------------------------------------------------------- model & state
-  opt_cfg = update_lib.OptimizerConfig(**config.optimizer)
+  opt_cfg = train_state_lib.OptimizerConfig(**config.optimizer)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), ckpt_cfg)
   counters = {"episodes": 0, "prompts": 0, "skipped_prompts": 0, "dropped_groups": 0, "generated_tokens": 0,
               "infra_failures": 0, "nonfinite_steps": 0, "stale_dropped": 0, "aborted_groups": 0}
   max_infra_frac, max_nonfinite = rl.max_infra_failure_frac, rl.max_consecutive_nonfinite_steps
   model_block = embedded_tokenizer.fill_model_block(config.model)
   tokenizer, model_cfg = loading.tokenizer_and_config(model_block)
-  ref_params = None
-  graphdef, state, rng, step, restored_meta = update_lib.init_or_restore_train_state(
-      ckpt, model_block, model_cfg, opt_cfg, mesh, root_key=root, init_key=init_key, data_iterator=data_iter)
+  lora = lora_lib.LoraConfig.from_block(config.get("lora"))  # rank 0: full fine-tuning
+  graphdef, state, rng, step, restored_meta = train_state_lib.init_or_restore_train_state(
+      ckpt, model_block, model_cfg, opt_cfg, mesh, root_key=root, init_key=init_key, data_iterator=data_iter,
+      lora=lora)
   if step:
     counters.update(restored_meta.get("counters", {}))
     log.info("rl: resumed at step %d of %d", step, total_steps)
-  if loss_cfg.needs_reference:  # the KL term's frozen reference: the initial policy (loaded only when KL is on)
-    _, ref_model = loading.load_policy(model_block, mesh, init_key)
-    ref_params = nnx.state(ref_model)
-    del ref_model
-  shardings = update_lib.train_state_shardings(state, mesh)
+  reference = None  # the KL term's frozen reference (only when KL is on): the initial policy, or with LoRA the base
+  if loss_cfg.needs_reference:
+    reference = train_state_lib.reference_policy(model_block, mesh, init_key, lora)
+  shardings = train_state_lib.train_state_shardings(state, mesh)
   update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh, micro_batch_size=rl.micro_batch_size,
                                      temperature=config.rollout.temperature,
                                      logits_chunk_size=rl.logits_chunk_size or None)
@@ -159,29 +160,40 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                                          temperature=config.rollout.temperature,
                                          logits_chunk_size=rl.logits_chunk_size or None)
   executor = tool_executors.make_executor(engine_lib.tool_config(config.tools))
+  # The sampler's policy: the train state's params read in place, or with LoRA merged weights (one merge a call).
+  sampler_graphdef, merge_for_sampler = train_state_lib.sampler_policy(graphdef, state.params, mesh)
+  sampler_params = jax.eval_shape(merge_for_sampler, state.params)  # shapes and logical axes: the sampler's shardings
   engine = engine_lib.RolloutEngine.create(
-      graphdef, model_cfg, tokenizer, executor, rollout_cfg, temperature=config.rollout.temperature,
+      sampler_graphdef, model_cfg, tokenizer, executor, rollout_cfg, temperature=config.rollout.temperature,
       top_p=config.rollout.top_p, top_k=config.rollout.top_k, advertise_tools=config.rollout.advertise_tools,
-      mesh=sampler_mesh, params=state.params)
+      mesh=sampler_mesh, params=sampler_params)
   eval_engine = None
   if eval_records:
     ev = config.eval
     eval_engine = engine_lib.RolloutEngine.create(
-        graphdef, model_cfg, tokenizer, executor, rollout_cfg, temperature=ev.temperature, top_p=ev.top_p,
-        top_k=ev.top_k, advertise_tools=config.rollout.advertise_tools, mesh=sampler_mesh, params=state.params)
-  to_sampler = None  # disaggregated: the compiled weight transfer to the sampler's devices
+        sampler_graphdef, model_cfg, tokenizer, executor, rollout_cfg, temperature=ev.temperature, top_p=ev.top_p,
+        top_k=ev.top_k, advertise_tools=config.rollout.advertise_tools, mesh=sampler_mesh, params=sampler_params)
+  transfer = None  # disaggregated: the compiled weight transfer to the sampler's devices
   if async_cfg.placement == "disaggregated":
-    to_sampler = transfer_lib.WeightTransfer(shardings.params, engine.sampler.param_shardings)
+    merged_shardings = jax.tree.map(lambda x: x.sharding, merge_for_sampler(state.params))
+    transfer = transfer_lib.WeightTransfer(merged_shardings, engine.sampler.param_shardings)
     t0 = time.perf_counter()
-    jax.block_until_ready(to_sampler(state.params))
+    jax.block_until_ready(transfer(merge_for_sampler(state.params)))
     log.info("rl: sampler on %d devices, trainer on %d; a weight transfer takes %.3f s (first, compile included)",
              sampler_mesh.devices.size, mesh.devices.size, time.perf_counter() - t0)
+
+  def to_sampler(params):
+    """The trainer's params -> the weights the sampler runs (LoRA merged; disaggregated: on its devices)."""
+    merged = merge_for_sampler(params)
+    return merged if transfer is None else transfer(merged)
+
   stream = None
   if async_cfg.enabled:  # the rollout stream of asynchronous RL (agentrl_jax/rl/stream.py)
     score_kw = dict(tokenizer=tokenizer, executor=executor, reward_cfg=reward_cfg, shaping_cfg=shaping_cfg,
                     max_workers=config.tools.max_concurrency or 8)
+    place = to_sampler if transfer is not None or lora.enabled else None  # None: the sampler's own place_params
     stream = stream_lib.RolloutStream(
-        engine, data_iter, async_cfg, n=n, prompts_per_step=rl.prompts_per_step, key=sample_key, place=to_sampler,
+        engine, data_iter, async_cfg, n=n, prompts_per_step=rl.prompts_per_step, key=sample_key, place=place,
         score=lambda eps, record: batch_lib.score_episodes(eps, [record], **score_kw))
     stream_dir = os.path.join(workdir, "stream")
     if step:
@@ -191,7 +203,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   # The tokenizer goes into the metadata so that an export (`python -m agentrl_jax.checkpoint`) can ship it.
   meta = {"model_config": dataclasses.asdict(model_cfg), "total_steps": total_steps,
-          "tokenizer_path": model_block.get("tokenizer_path") or model_block.get("hf_path") or ""}
+          "tokenizer_path": model_block.get("tokenizer_path") or model_block.get("hf_path") or "",
+          **train_state_lib.checkpoint_metadata(model_block, init_key, lora)}
 
   def save(step, force=False):
     if stream is not None and (force or ckpt.should_save(step)) and step not in ckpt.all_steps():
@@ -200,15 +213,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       stream_state, aborted = stream.state_dict(state.params, step)
       counters["aborted_groups"] += aborted
       multihost.write_pickle(os.path.join(stream_dir, f"{step}.pkl"), stream_state)
-    saved = ckpt.maybe_save(step, {"train": state, "rng": rng}, data_iterator=data_iter, force=force,
-                            metadata={**meta, "counters": counters})
+    saved = ckpt.maybe_save(step, {"train": train_state_lib.checkpointed(state), "rng": rng},
+                            data_iterator=data_iter, force=force, metadata={**meta, "counters": counters})
     if saved and stream is not None:
       multihost.prune_files(stream_dir, keep={f"{s}.pkl" for s in ckpt.all_steps()})
     return saved
 
   def run_eval(step):
-    params = state.params if to_sampler is None else to_sampler(state.params)
-    metrics, rows = eval_runner.evaluate(eval_engine, params, eval_records, n=config.eval.n,
+    metrics, rows = eval_runner.evaluate(eval_engine, to_sampler(state.params), eval_records, n=config.eval.n,
                                          key=jax.random.fold_in(eval_key, step), reward_cfg=reward_cfg,
                                          ks=config.eval.ks, progress="eval", leave=False)
     writer.write(step, {f"eval/{k}" if not k.startswith("eval/") else k: v for k, v in metrics.items()})
@@ -317,8 +329,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
           round_records, eps, scored = rendered.records, [], None
           if rendered.ids:
             t0 = time.perf_counter()
-            params = state.params if to_sampler is None else to_sampler(state.params)
-            eps, stats = engine.run(params, rendered.ids, n=n,
+            eps, stats = engine.run(to_sampler(state.params), rendered.ids, n=n,
                                     key=jax.random.fold_in(jax.random.fold_in(sample_key, step), rounds))
             times["rollout"] += time.perf_counter() - t0
             times["tools"] += stats.tool_wait_s
@@ -419,8 +430,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
           arrays["old_logp"] = arrays["sampler_logp"]
         else:
           arrays["old_logp"] = logprobs(state.params, scoring)
-        if ref_params is not None:
-          arrays["ref_logp"] = logprobs(ref_params, scoring)
+        if reference is not None:
+          arrays["ref_logp"] = logprobs(reference(state.params), scoring)
         if not keep_sampler_logp:
           arrays.pop("sampler_logp")
         minis.append(arrays)

@@ -61,9 +61,7 @@ def split_meshes(mesh_block, sampler_block, sampler_devices: int) -> tuple[Mesh,
   laid over the trainer's devices, `sampler_mesh`'s (all zero: the same sizes) over the sampler's."""
   trainer, sampler = split_devices(sampler_devices)
   sizes = {k: v for k, v in dict(mesh_block).items() if k != "num_devices"}
-  sampler_sizes = {k: v for k, v in dict(sampler_block or {}).items() if k != "num_devices"}
-  if not any(sampler_sizes.values()):
-    sampler_sizes = {k: (-1 if v == -1 else v) for k, v in sizes.items()}
+  sampler_sizes = sharding_lib.sampler_sizes(sampler_block) or sizes
   return (sharding_lib.make_mesh(**sizes, devices=trainer), sharding_lib.make_mesh(**sampler_sizes, devices=sampler))
 
 

@@ -1,4 +1,4 @@
-"""The one compiled GRPO update step, the old/reference log-prob pass, train state and optimizer.
+"""The one compiled GRPO update step and the old/reference log-prob pass (the train state: `train_state`).
 
     graphdef, state = init_train_state(model, opt_cfg, mesh)
     shardings = train_state_shardings(state, mesh)
@@ -25,182 +25,39 @@ using the hidden state at t - 1; `logp[:, 0]` is 0 and position 0 is never train
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from typing import Any, Callable
 
-import flax
 from flax import nnx
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, Float
-import numpy as np
 import optax
 
-from agentrl_jax import multihost
-from agentrl_jax.models import hf_io
+from agentrl_jax.models import context_parallel
+from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rl import logprobs, losses, offpolicy
+# The train state the update step changes (re-exported: callers of make_update_fn build it with these).
+from agentrl_jax.train_state import (OptimizerConfig, TrainState, abstract_train_state,  # noqa: F401
+                                     init_train_state, join_trainable, split_trainable, train_state_shardings)
 
 Batch = dict[str, Any]
-SCHEDULES = ("constant", "cosine")
 REQUIRED_KEYS = ("tokens", "loss_mask", "advantages", "old_logp")
 OPTIONAL_KEYS = ("sampler_logp", "ref_logp", "positions", "segment_ids")
 LOGPROB_KEYS = ("tokens", "positions", "segment_ids")
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Optimizer
+# Batch
 # ------------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-  """AdamW with global-norm clipping and a constant or cosine schedule with linear warmup.
-
-  Defaults are the recipe's (lr 1e-6 constant, betas (0.9, 0.999), weight decay 0.01, clip 1.0). Weight decay
-  applies to every parameter, as torch's AdamW in verl does.
-
-  Attributes:
-    learning_rate: peak learning rate.
-    b1, b2, eps: Adam moments and epsilon.
-    weight_decay: decoupled weight decay (AdamW).
-    grad_clip: clip gradients to this global norm; None disables clipping (non-finite norms still skip).
-    schedule: "constant" or "cosine" (decays to min_lr_ratio * learning_rate at total_steps).
-    warmup_steps: linear warmup from 0 over this many applied updates.
-    total_steps: length of the cosine schedule, warmup included (required for cosine).
-    min_lr_ratio: final learning rate of the cosine schedule, as a fraction of learning_rate.
-  """
-
-  learning_rate: float = 1e-6
-  b1: float = 0.9
-  b2: float = 0.999
-  eps: float = 1e-8
-  weight_decay: float = 0.01
-  grad_clip: float | None = 1.0
-  schedule: str = "constant"
-  warmup_steps: int = 0
-  total_steps: int | None = None
-  min_lr_ratio: float = 0.0
-
-  def __post_init__(self):
-    def bad(field: str, why: str):
-      raise ValueError(f"OptimizerConfig.{field} {why}, got {getattr(self, field)!r}")
-
-    def is_num(v):
-      return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-
-    for f in ("learning_rate", "b1", "b2", "eps", "weight_decay", "min_lr_ratio"):
-      if not is_num(getattr(self, f)):
-        bad(f, "must be a finite number")
-    if self.learning_rate < 0:
-      bad("learning_rate", "must be >= 0")
-    for f in ("b1", "b2"):
-      if not 0.0 <= getattr(self, f) < 1.0:
-        bad(f, "must be in [0, 1)")
-    if self.eps <= 0:
-      bad("eps", "must be > 0")
-    if self.weight_decay < 0:
-      bad("weight_decay", "must be >= 0")
-    if self.grad_clip is not None and (not is_num(self.grad_clip) or self.grad_clip <= 0):
-      bad("grad_clip", "must be None or a number > 0")
-    if self.schedule not in SCHEDULES:
-      bad("schedule", f"must be one of {SCHEDULES}")
-    if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-      bad("warmup_steps", "must be an int >= 0")
-    if self.total_steps is not None and (
-        isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int) or self.total_steps <= 0
-    ):
-      bad("total_steps", "must be None or an int > 0")
-    if self.schedule == "cosine" and (self.total_steps is None or self.total_steps <= self.warmup_steps):
-      bad("total_steps", "must be an int > warmup_steps for the cosine schedule")
-    if not 0.0 <= self.min_lr_ratio <= 1.0:
-      bad("min_lr_ratio", "must be in [0, 1]")
-
-  def make_schedule(self) -> optax.Schedule:
-    """Learning rate as a function of the number of applied updates."""
-    lr, w = self.learning_rate, self.warmup_steps
-    if self.schedule == "cosine":
-      return optax.warmup_cosine_decay_schedule(
-          0.0, lr, max(w, 0), self.total_steps, end_value=lr * self.min_lr_ratio
-      )
-    if w == 0:
-      return optax.constant_schedule(lr)
-    return optax.join_schedules([optax.linear_schedule(0.0, lr, w), optax.constant_schedule(lr)], [w])
-
-  def make(self) -> optax.GradientTransformation:
-    """AdamW only: clipping happens in the update step, which needs the norm for the skip decision."""
-    return optax.adamw(self.make_schedule(), b1=self.b1, b2=self.b2, eps=self.eps,
-                       weight_decay=self.weight_decay)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Train state
-# ------------------------------------------------------------------------------------------------------------
-
-
-@flax.struct.dataclass
-class TrainState:
-  """Everything the update step changes; a pytree (checkpoint it as is).
-
-  Attributes:
-    step: int32 scalar, number of applied optimizer updates (skipped steps do not count; drives the schedule).
-    params: nnx.State of the model's Params (merge with the graphdef to get the model back).
-    opt_state: optax AdamW state; its moments mirror `params` (same tree, same shardings).
-  """
-
-  step: jax.Array
-  params: nnx.State
-  opt_state: optax.OptState
-
-
-def train_state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
-  """NamedShardings of a (concrete or abstract) TrainState: params and moments by their logical axes."""
-  return sharding_lib.state_shardings(state, mesh)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Sharding of every batch array: the leading B axis over the data-parallel mesh axes, the rest replicated."""
   return NamedSharding(mesh, sharding_lib.logical_to_spec(("batch",), None, mesh))
-
-
-def _split_params(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
-  graphdef, state = nnx.split(model)
-  others = [v for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-            if not isinstance(v, nnx.Param)]
-  if others:
-    raise ValueError(f"TrainState holds nnx.Param state only; model also has {sorted({type(v).__name__ for v in others})}")
-  return graphdef, state
-
-
-def init_train_state(model: nnx.Module, opt_cfg: OptimizerConfig, mesh: Mesh) -> tuple[nnx.GraphDef, TrainState]:
-  """Splits `model` and places params and a fresh AdamW state in their shardings on `mesh`.
-
-  Returns:
-    (graphdef, state): pass graphdef to make_update_fn / make_logprobs_fn; `nnx.merge(graphdef, state.params)`
-    rebuilds the model.
-  """
-  graphdef, params = _split_params(model)
-  tx = opt_cfg.make()
-  abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
-                        opt_state=jax.eval_shape(tx.init, params))
-  shardings = train_state_shardings(abstract, mesh)
-  params = jax.device_put(params, shardings.params)
-  opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
-  step = multihost.to_global(np.zeros((), np.int32), shardings.step)
-  return graphdef, TrainState(step=step, params=params, opt_state=opt_state)
-
-
-def abstract_train_state(model_cfg: ModelConfig, opt_cfg: OptimizerConfig, mesh: Mesh) -> tuple[nnx.GraphDef, TrainState]:
-  """(graphdef, TrainState of ShapeDtypeStructs carrying shardings): AOT lowering and restore targets, no memory."""
-  graphdef, params = _split_params(hf_io.abstract_model(model_cfg))
-  abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
-                        opt_state=jax.eval_shape(opt_cfg.make().init, params))
-  shardings = train_state_shardings(abstract, mesh)
-  return graphdef, jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -222,24 +79,39 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     logits_chunk_size: int | None = 512,
+    dropout_key: jax.Array | None = None,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
   """Token-aligned (logp, entropy) [B, T] float32 of `batch["tokens"]` under the model; position 0 is 0.
 
   `logp[:, t]` is log p(tokens[:, t] | tokens[:, :t]) at `temperature` and `entropy[:, t]` the exact entropy
   of that distribution. Runs the decoder to hidden states and reduces the LM head chunk by chunk, so [B, T, V]
-  logits never exist (see logprobs.token_logprobs_and_entropy_from_hidden).
+  logits never exist (see logprobs.token_logprobs_and_entropy_from_hidden). `dropout_key`: LoRA dropout.
+
+  Under a mesh whose `context` axis splits the rows (`models/context_parallel.py`), the inputs enter the
+  model in its load-balanced layout and the LM head works in that layout too, a device's tokens at a time; only
+  the `[B, T]` results are put back in token order.
   """
   model = nnx.merge(graphdef, params)
   tokens = batch["tokens"]
-  hidden, _ = model(tokens, positions=batch.get("positions"), segment_ids=batch.get("segment_ids"),
-                    return_hidden=True)
-  dt = model.cfg.jnp_dtype
-  unembed_dv = (model.embed_vd[...].T if model.cfg.tie_embeddings else model.unembed_dv[...]).astype(dt)
+  b, t = tokens.shape
+  layout = context_parallel.layout_for(t, model.cfg)
   # hidden[:, t] predicts tokens[:, t + 1]: score the next tokens (the last target wraps and is dropped).
   next_tokens = jnp.roll(tokens, -1, axis=1)
+  positions, segment_ids = batch.get("positions"), batch.get("segment_ids")
+  if layout is not None:
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)) if positions is None else positions
+    tokens, next_tokens, positions = (context_parallel.to_layout(x, layout) for x in (tokens, next_tokens, positions))
+    segment_ids = None if segment_ids is None else context_parallel.to_layout(segment_ids, layout)
+  hidden, _ = model(tokens, positions=positions, segment_ids=segment_ids, return_hidden=True,
+                    dropout_key=dropout_key, in_context_layout=layout is not None)
+  dt = model.cfg.jnp_dtype
+  unembed_dv = (model.embed_vd[...].T if model.cfg.tie_embeddings else model.unembed_dv[...]).astype(dt)
+  shards = 1 if layout is None else layout.shards
   logp, ent = logprobs.token_logprobs_and_entropy_from_hidden(
       hidden.astype(dt), unembed_dv, next_tokens, temperature=temperature,
-      chunk_size=_chunk_len(tokens.shape[1], logits_chunk_size))
+      chunk_size=_chunk_len(t // shards, logits_chunk_size), shards=shards)
+  if layout is not None:
+    logp, ent = context_parallel.from_layout(logp, layout), context_parallel.from_layout(ent, layout)
   shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731  next-token -> token-aligned
   return shift(logp), shift(ent)
 
@@ -299,7 +171,8 @@ def make_update_fn(
   into B / micro_batch_size micro-batches whose gradients are accumulated by `lax.scan` with the
   normalisers of the whole mini-batch (so token-mean is the exact mean over all of its tokens); then
   clip by global norm -> skip if the norm or the loss is not finite (state returned unchanged) -> AdamW.
-  `rng` is accepted for a stable signature (nothing stochastic yet: no dropout).
+  With LoRA adapters in the params only they are differentiated and updated (`train_state.split_trainable`);
+  `rng` draws their dropout masks (one key per micro-batch), and is unused otherwise.
 
   Compiles once per (B, T) and set of batch keys: bucket shapes upstream. Every batch array is sharded along B
   over data x fsdp, so B must be a multiple of data * fsdp (JAX raises IndivisibleError otherwise), and
@@ -327,11 +200,11 @@ def make_update_fn(
   tx = opt_cfg.make()
   schedule = opt_cfg.make_schedule()
   replicated = NamedSharding(mesh, P())
-  param_shardings = state_shardings.params
+  param_shardings = split_trainable(state_shardings.params)[0]  # of the gradients: the trainable params'
 
-  def loss_fn(params, mb, norm):
-    logp, entropy = token_logprobs(graphdef, params, mb, temperature=temperature,
-                                   logits_chunk_size=logits_chunk_size)
+  def loss_fn(trainable, frozen, mb, norm, key):
+    logp, entropy = token_logprobs(graphdef, join_trainable(trainable, frozen), mb, temperature=temperature,
+                                   logits_chunk_size=logits_chunk_size, dropout_key=key)
     adv = mb["advantages"]
     if adv.ndim == 1:
       adv = jnp.broadcast_to(adv[:, None], mb["loss_mask"].shape)
@@ -342,33 +215,35 @@ def make_update_fn(
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def grads_and_metrics(params, batch, norm, n_micro):
+  def grads_and_metrics(trainable, frozen, batch, norm, n_micro, key):
+    """Gradients of the trainable params and metrics over the mini-batch; `key`: dropout (None: none)."""
     constrain = lambda g: jax.lax.with_sharding_constraint(g, param_shardings)  # noqa: E731
     if n_micro == 1:
-      (_, metrics), grads = grad_fn(params, batch, norm)
+      (_, metrics), grads = grad_fn(trainable, frozen, batch, norm, key)
       return constrain(jax.tree.map(lambda g: g.astype(accum_dtype), grads)), metrics
 
-    def accumulate(acc, mb):
-      (_, metrics), grads = grad_fn(params, mb, norm)
+    def accumulate(acc, mb_key):
+      mb, k = mb_key
+      (_, metrics), grads = grad_fn(trainable, frozen, mb, norm, k)
       acc = jax.tree.map(lambda a, g: a + g.astype(accum_dtype), acc, grads)
       return constrain(acc), metrics
 
-    zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), params))
+    zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), trainable))
     micro = {k: _to_micro(v, n_micro) for k, v in batch.items()}
-    no_metrics = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype),
-                              jax.eval_shape(accumulate, zeros, jax.tree.map(lambda x: x[0], micro))[1])
+    keys = None if key is None else jax.random.split(key, n_micro)
+    no_metrics = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), jax.eval_shape(
+        accumulate, zeros, jax.tree.map(lambda x: x[0], (micro, keys)))[1])
 
-    def body(acc, mb):
+    def body(acc, mb_key):
       # A micro-batch with no trained token adds nothing: skip its forward and backward (packed batches have a
       # fixed row count, so their trailing micro-batches are often empty).
-      return lax.cond(jnp.any(mb["loss_mask"]), accumulate, lambda acc, _: (acc, no_metrics), acc, mb)
+      return lax.cond(jnp.any(mb_key[0]["loss_mask"]), accumulate, lambda acc, _: (acc, no_metrics), acc, mb_key)
 
-    grads, metrics = lax.scan(body, zeros, micro)
+    grads, metrics = lax.scan(body, zeros, (micro, keys))
     # Every metric is normalised by the whole mini-batch, so micro-batch values add up.
     return grads, jax.tree.map(lambda m: jnp.sum(m, axis=0), metrics)
 
   def update(state: TrainState, batch: Batch, rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
-    del rng
     required = REQUIRED_KEYS + (("ref_logp",) if loss_cfg.needs_reference else ())
     required += ("sampler_logp",) if loss_cfg.needs_proximal_logp else ()
     b, _ = _check_batch(batch, REQUIRED_KEYS + OPTIONAL_KEYS, required, micro_batch_size)
@@ -389,7 +264,9 @@ def make_update_fn(
         if corr.weight is not None:
           batch["is_weight"] = corr.weight
       norm = losses.agg_normaliser(batch["loss_mask"], loss_cfg.loss_scale_factor)
-      grads, metrics = grads_and_metrics(state.params, batch, norm, b // micro_batch_size)
+      trainable, frozen = split_trainable(state.params)
+      key = rng if lora_lib.dropout_rate(graphdef, state.params) > 0 else None
+      grads, metrics = grads_and_metrics(trainable, frozen, batch, norm, b // micro_batch_size, key)
 
       grad_norm = optax.global_norm(grads)
       ok = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
@@ -398,14 +275,14 @@ def make_update_fn(
         scale = jnp.where(grad_norm > opt_cfg.grad_clip, opt_cfg.grad_clip / grad_norm, 1.0)
       # Zero non-finite gradients so that the discarded AdamW branch stays finite too.
       grads = jax.tree.map(lambda g: jnp.where(ok, g * scale, 0.0), grads)
-      updates, opt_state = tx.update(grads, state.opt_state, state.params)
-      params = optax.apply_updates(state.params, updates)
+      updates, opt_state = tx.update(grads, state.opt_state, trainable)
+      params = optax.apply_updates(trainable, updates)
       # Cast back: with bf16 params optax would return f32 moments (from f32 gradients), changing the
       # state's dtypes (a recompile each step, and no buffer donation).
       keep = lambda new, old: jax.tree.map(  # noqa: E731
           lambda n, o: jnp.where(ok, n, o).astype(o.dtype), new, old)
       new_state = TrainState(step=state.step + ok.astype(jnp.int32),
-                             params=keep(params, state.params),
+                             params=join_trainable(keep(params, trainable), frozen),
                              opt_state=keep(opt_state, state.opt_state))
       metrics = dict(metrics, **offpolicy_metrics, grad_norm=grad_norm, skipped=1.0 - ok.astype(jnp.float32),
                      tokens=norm.num_tokens, sequences=norm.num_seqs,
@@ -415,31 +292,6 @@ def make_update_fn(
   # The old state's buffers are donated: params and both Adam moments are updated in place.
   return jax.jit(update, in_shardings=(state_shardings, batch_sharding(mesh), replicated),
                  out_shardings=(state_shardings, replicated), donate_argnums=(0,))
-
-
-def init_or_restore_train_state(ckpt, model_block, model_cfg: ModelConfig, opt_cfg: OptimizerConfig, mesh: Mesh, *,
-                                root_key: jax.Array, init_key: jax.Array, data_iterator=None):
-  """The trainers' start: a fresh TrainState from the configured policy, or the latest checkpoint.
-
-  Fresh: the policy of `model_block` (HF dir, our checkpoint or random init with `init_key`; see
-  `models.loading`), a new AdamW state, `root_key` as the run's PRNG key, step 0. Resumed: train state, PRNG key,
-  step and metadata of the latest checkpoint of `ckpt` (an `agentrl_jax.checkpoint.Checkpointer` holding
-  `{"train": TrainState, "rng": key}`), restored into their shardings; `data_iterator` is repositioned.
-
-  Returns:
-    (graphdef, state, rng, step, metadata); metadata is {} for a fresh start.
-  """
-  from agentrl_jax.models import loading  # loading -> checkpoint -> ... would cycle at import time
-
-  replicated = NamedSharding(mesh, P())
-  if ckpt.latest_step() is None:
-    _, model = loading.load_policy(model_block, mesh, init_key)
-    graphdef, state = init_train_state(model, opt_cfg, mesh)
-    return graphdef, state, multihost.to_global(root_key, replicated), 0, {}
-  graphdef, abstract = abstract_train_state(model_cfg, opt_cfg, mesh)
-  target = {"train": abstract, "rng": jax.ShapeDtypeStruct(root_key.shape, root_key.dtype, sharding=replicated)}
-  restored, meta = ckpt.restore(target, data_iterator=data_iterator)
-  return graphdef, restored["train"], restored["rng"], meta["step"], meta
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -283,6 +283,11 @@ def extend(
     `(state, Draw)` with one entry per element of `rows`.
   """
   TRACE_COUNTS["extend"] += 1
+  with sharding_lib.rows_layout():  # rows whole on one device, as the cache holds them (sharding.rows_layout)
+    return _extend(graphdef, sampling, params, state, rows, chunk, chunk_lengths, final, budgets, forced)
+
+
+def _extend(graphdef, sampling, params, state, rows, chunk, chunk_lengths, final, budgets, forced):
   model = nnx.merge(graphdef, params)
   b = state.batch
   valid = rows < b
@@ -349,6 +354,11 @@ def decode(
     `(state, Segment)`; the segment holds this call's tokens.
   """
   TRACE_COUNTS["decode"] += 1
+  with sharding_lib.rows_layout():  # rows whole on one device, as the cache holds them (sharding.rows_layout)
+    return _decode(graphdef, sampling, params, state, max_steps, min_tool_stops)
+
+
+def _decode(graphdef, sampling, params, state, max_steps, min_tool_stops):
   per_layer = carry_per_layer(state.cache)
   model = nnx.merge(graphdef, params)
   b, seg = state.batch, sampling.segment_len
@@ -452,7 +462,8 @@ class Sampler:
 
 
 def _state_shardings(state: SamplingState, mesh):
-  """Shardings of a SamplingState: cache by K_AXES / V_AXES, per-row arrays along "batch", the rest replicated."""
+  """Shardings of a SamplingState: cache by K_AXES / V_AXES, per-row arrays along "cache_batch" (as the cache's
+  rows), the rest replicated."""
 
   cache_axes = {"k": K_AXES, "v": V_AXES, "kv": PAGED_AXES}  # KVCache and PagedKVCache arrays
 
@@ -461,14 +472,14 @@ def _state_shardings(state: SamplingState, mesh):
     if names and names[0] == "cache" and names[1] in cache_axes:
       return sharding_lib.named_sharding(mesh, cache_axes[names[1]], x.shape)
     if x.ndim >= 1 and names[0] != "key":
-      return sharding_lib.named_sharding(mesh, ("batch",) + (None,) * (x.ndim - 1), x.shape)
+      return sharding_lib.named_sharding(mesh, ("cache_batch",) + (None,) * (x.ndim - 1), x.shape)
     return jax.sharding.NamedSharding(mesh, jax.P())
 
   return jax.tree_util.tree_map_with_path(one, state)
 
 
 def _rows_sharding(mesh, shape):
-  return sharding_lib.named_sharding(mesh, ("batch",) + (None,) * (len(shape) - 1), shape)
+  return sharding_lib.named_sharding(mesh, ("cache_batch",) + (None,) * (len(shape) - 1), shape)
 
 
 def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: SamplingConfig, *, batch: int,

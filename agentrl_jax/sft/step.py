@@ -1,8 +1,8 @@
 """The SFT step: host-side encode + pack of a batch of conversations, and the one jitted train step.
 
-    tx_cfg = rl.update.OptimizerConfig(learning_rate=1e-5, b2=0.95, schedule="cosine", ...)
-    graphdef, state = rl.update.init_train_state(model, tx_cfg, mesh)
-    step = make_train_step(graphdef, rl.update.train_state_shardings(state, mesh), tx_cfg, mesh, micro_rows=8)
+    tx_cfg = train_state.OptimizerConfig(learning_rate=1e-5, b2=0.95, schedule="cosine", ...)
+    graphdef, state = train_state.init_train_state(model, tx_cfg, mesh)
+    step = make_train_step(graphdef, train_state.train_state_shardings(state, mesh), tx_cfg, mesh, micro_rows=8)
     data = encode_batch(tokenizer, conversations, sft_cfg)      # skips (and reports) malformed conversations
     state, metrics = step(state, batch_arrays(data.packed, mesh), jax.random.fold_in(rng, step_number))
 
@@ -26,9 +26,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import optax
 
 from agentrl_jax import multihost
+from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.rl import logprobs
-from agentrl_jax.rl.update import OptimizerConfig, TrainState
+from agentrl_jax.train_state import OptimizerConfig, TrainState, join_trainable, split_trainable
 from agentrl_jax.sft import masking, packing
 
 TRUNCATIONS = masking.TRUNCATIONS + ("skip",)
@@ -36,7 +37,7 @@ TRUNCATIONS = masking.TRUNCATIONS + ("skip",)
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
-  """Shapes and schedule of an SFT run (the optimizer itself is `rl.update.OptimizerConfig`).
+  """Shapes and schedule of an SFT run (the optimizer itself is `train_state.OptimizerConfig`).
 
   Attributes:
     batch_size: conversations per optimizer step (the recipe: 32).
@@ -151,8 +152,9 @@ def make_train_step(graphdef: nnx.GraphDef, state_shardings: TrainState, opt_cfg
   `batch` holds the `packing.FIELDS` arrays `[M, micro_rows, seq_len]` (compiled once per M; micro-batches
   without a trained token are skipped). The update:
   token-mean CE gradient over all M micro-batches -> skip if the norm or loss is not finite (state returned
-  unchanged, `skipped` = 1) -> clip to `opt_cfg.grad_clip` -> AdamW (`opt_cfg.make()`). `rng` keeps the house
-  signature (and the RL step's); nothing in SFT is stochastic yet (no dropout).
+  unchanged, `skipped` = 1) -> clip to `opt_cfg.grad_clip` -> AdamW (`opt_cfg.make()`). With LoRA adapters in the
+  params only they are differentiated and updated (`train_state.split_trainable`), and `rng` draws their dropout
+  masks (one key per micro-batch); otherwise it is unused.
 
   Returns:
     step; metrics (float32 scalars): loss (token-mean CE), entropy (mean over trained tokens), grad_norm
@@ -163,10 +165,11 @@ def make_train_step(graphdef: nnx.GraphDef, state_shardings: TrainState, opt_cfg
   schedule = opt_cfg.make_schedule()
   chunk = None if logits_chunk_size is None or logits_chunk_size >= seq_len else logits_chunk_size
 
-  def sums(params, mb):
+  def sums(trainable, frozen, mb, key):
     """(sum of token NLL, sum of token entropy) over the trained tokens of one micro-batch."""
-    model = nnx.merge(graphdef, params)
-    hidden, _ = model(mb["inputs"], positions=mb["positions"], segment_ids=mb["segment_ids"], return_hidden=True)
+    model = nnx.merge(graphdef, join_trainable(trainable, frozen))
+    hidden, _ = model(mb["inputs"], positions=mb["positions"], segment_ids=mb["segment_ids"], return_hidden=True,
+                      dropout_key=key)
     dt = model.cfg.jnp_dtype
     unembed_dv = (model.embed_vd[...].T if model.cfg.tie_embeddings else model.unembed_dv[...]).astype(dt)
     logp, entropy = logprobs.token_logprobs_and_entropy_from_hidden(hidden.astype(dt), unembed_dv, mb["targets"],
@@ -178,23 +181,27 @@ def make_train_step(graphdef: nnx.GraphDef, state_shardings: TrainState, opt_cfg
 
   def step(state: TrainState, batch: dict[str, jax.Array],
            rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
-    del rng
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-      constrain = lambda g: lax.with_sharding_constraint(g, state_shardings.params)  # noqa: E731
+      trainable, frozen = split_trainable(state.params)
+      constrain = lambda g: lax.with_sharding_constraint(  # noqa: E731
+          g, split_trainable(state_shardings.params)[0])
+      dropout = lora_lib.dropout_rate(graphdef, state.params) > 0
+      keys = jax.random.split(rng, batch["weights"].shape[0]) if dropout else None
 
-      def accumulate(carry, mb):
+      def accumulate(carry, mb_key):
         acc, nll, ent = carry
-        (mb_nll, mb_ent), grads = grad_fn(state.params, mb)
+        (mb_nll, mb_ent), grads = grad_fn(trainable, frozen, *mb_key)
         acc = constrain(jax.tree.map(lambda a, g: a + g.astype(accum_dtype), acc, grads))
         return acc, nll + mb_nll, ent + mb_ent
 
-      def body(carry, mb):
+      def body(carry, mb_key):
         # A micro-batch of padding rows trains nothing: its forward and backward are skipped.
-        return lax.cond(jnp.any(mb["weights"] != 0), accumulate, lambda carry, _: carry, carry, mb), None
+        return lax.cond(jnp.any(mb_key[0]["weights"] != 0), accumulate, lambda carry, _: carry, carry,
+                        mb_key), None
 
-      zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), state.params))
+      zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, accum_dtype), trainable))
       init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-      (grads, nll, ent), _ = lax.scan(body, init, batch)
+      (grads, nll, ent), _ = lax.scan(body, init, (batch, keys))
       tokens = jnp.sum(batch["weights"])
       denom = jnp.maximum(tokens, 1.0)
       grads = jax.tree.map(lambda g: g / denom, grads)
@@ -207,10 +214,11 @@ def make_train_step(graphdef: nnx.GraphDef, state_shardings: TrainState, opt_cfg
         scale = jnp.where(grad_norm > opt_cfg.grad_clip, opt_cfg.grad_clip / grad_norm, 1.0)
       # Zero non-finite gradients so that the discarded AdamW branch stays finite too.
       grads = jax.tree.map(lambda g: jnp.where(ok, g * scale, 0.0).astype(g.dtype), grads)
-      updates, opt_state = tx.update(grads, state.opt_state, state.params)
-      params = optax.apply_updates(state.params, updates)
+      updates, opt_state = tx.update(grads, state.opt_state, trainable)
+      params = optax.apply_updates(trainable, updates)
       keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)  # noqa: E731
-      new_state = TrainState(step=state.step + ok.astype(jnp.int32), params=keep(params, state.params),
+      new_state = TrainState(step=state.step + ok.astype(jnp.int32),
+                             params=join_trainable(keep(params, trainable), frozen),
                              opt_state=keep(opt_state, state.opt_state))
       metrics = dict(loss=loss, entropy=ent / denom, grad_norm=grad_norm, tokens=tokens,
                      learning_rate=schedule(state.step), skipped=1.0 - ok.astype(jnp.float32),

@@ -29,9 +29,10 @@ import numpy as np
 from agentrl_jax import checkpoint as ckpt_lib
 from agentrl_jax import data
 from agentrl_jax import compile_stats, metrics_writer, multihost
+from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.models import hf_io, loading
+from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import sharding as sharding_lib
-from agentrl_jax.rl import update as rl_update
 from agentrl_jax.sft import step as step_lib
 from agentrl_jax.sft import toy_data
 from agentrl_jax.tasks import tokenizer as embedded_tokenizer
@@ -76,25 +77,28 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
            prepared.num_examples, prepared.num_skipped, sft_cfg.num_epochs, sft_cfg.batch_size, total_steps)
 
   # ---------------------------------------------------------------------------------------------- state
-  opt_cfg = rl_update.OptimizerConfig(**config.optimizer, schedule="cosine", total_steps=max(total_steps, 1),
+  opt_cfg = train_state_lib.OptimizerConfig(**config.optimizer, schedule="cosine", total_steps=max(total_steps, 1),
                                       warmup_steps=sft_cfg.warmup_steps(total_steps))
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), ckpt_cfg)
   counters = {"skipped_conversations": 0, "truncated_conversations": 0, "trained_tokens": 0}
-  graphdef, state, rng, step, restored_meta = rl_update.init_or_restore_train_state(
-      ckpt, model_block, model_cfg, opt_cfg, mesh, root_key=root, init_key=init_key, data_iterator=data_iter)
+  lora = lora_lib.LoraConfig.from_block(config.get("lora"))  # rank 0: full fine-tuning
+  graphdef, state, rng, step, restored_meta = train_state_lib.init_or_restore_train_state(
+      ckpt, model_block, model_cfg, opt_cfg, mesh, root_key=root, init_key=init_key, data_iterator=data_iter,
+      lora=lora)
   if step:
     counters.update(restored_meta.get("counters", {}))
     log.info("sft: resumed at step %d of %d", step, total_steps)
-  shardings = rl_update.train_state_shardings(state, mesh)
+  shardings = train_state_lib.train_state_shardings(state, mesh)
   train_step = step_lib.make_train_step(graphdef, shardings, opt_cfg, mesh, micro_rows=sft_cfg.micro_batch_rows,
                                         seq_len=sft_cfg.max_seq_len, logits_chunk_size=sft_cfg.logits_chunk_size)
   # The tokenizer goes into the metadata so that an export (`python -m agentrl_jax.checkpoint`) can ship it.
   meta = {"model_config": dataclasses.asdict(model_cfg), "total_steps": total_steps,
-          "tokenizer_path": model_block.get("tokenizer_path") or model_block.get("hf_path") or ""}
+          "tokenizer_path": model_block.get("tokenizer_path") or model_block.get("hf_path") or "",
+          **train_state_lib.checkpoint_metadata(model_block, init_key, lora)}
 
   def save(step, force=False):
-    return ckpt.maybe_save(step, {"train": state, "rng": rng}, data_iterator=data_iter, force=force,
-                           metadata={**meta, "counters": counters})
+    return ckpt.maybe_save(step, {"train": train_state_lib.checkpointed(state), "rng": rng},
+                           data_iterator=data_iter, force=force, metadata={**meta, "counters": counters})
 
   # ---------------------------------------------------------------------------------------------- loop
   writer = metrics_writer.MetricsWriter(workdir, start_step=step, config=config.to_dict(),
@@ -142,7 +146,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   if config.export_hf:
     params = multihost.to_host(state.params) if jax.process_count() > 1 else state.params  # every process
     if multihost.is_primary():
-      out = hf_io.export_hf(nnx.merge(graphdef, params), os.path.join(workdir, "hf"), tokenizer=tokenizer)
+      model = lora_lib.merged(nnx.merge(graphdef, params))  # adapters folded into the weights
+      out = hf_io.export_hf(model, os.path.join(workdir, "hf"), tokenizer=tokenizer)
       log.info("sft: exported the final params to %s", out)
     multihost.barrier("sft_export")
   log.info("sft: done after %d steps; %d conversations skipped", step, counters["skipped_conversations"])

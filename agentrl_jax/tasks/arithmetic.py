@@ -26,6 +26,7 @@ import dataclasses
 import random
 import re
 from collections.abc import Iterable
+from agentrl_jax.tools import pyast
 
 DATA_SOURCE = "toy_arith"
 LEVELS = (0, 1, 2, 3)
@@ -101,7 +102,7 @@ def canonical(expression: str) -> str:
     ValueError: the text is not such an expression.
   """
   try:
-    tree = ast.parse(expression.strip(), mode="eval").body
+    tree = pyast.parse(expression.strip(), mode="eval").body
   except SyntaxError as e:
     raise ValueError(f"canonical: not an expression: {expression!r} ({e.msg})") from None
   return _canon(tree)

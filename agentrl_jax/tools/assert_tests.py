@@ -28,6 +28,7 @@ import os
 import secrets
 
 from agentrl_jax.tools.base import ExecResult
+from agentrl_jax.tools import pyast
 
 _HARNESS_FILES = ("harness_protocol.py", "harness_solution.py", "harness_tests.py", "harness_main.py")
 # Verdicts of the harness that are not the response's doing, by the kind of failure they are.
@@ -69,7 +70,7 @@ def _split_check(test: str) -> list[str]:
   parts = [lines[0] + "\n" + line for line in lines[1:]]
   try:
     for p in parts:
-      ast.parse(p)
+      pyast.parse(p)
   except SyntaxError:
     return [test]
   return parts
@@ -82,7 +83,7 @@ def split_tests(code: str, entry_point: str) -> list[tuple[str, str]]:
     ValueError: the test code does not parse, or would run no check (a malformed ground truth).
   """
   try:
-    tree = ast.parse(code)
+    tree = pyast.parse(code)
   except (SyntaxError, ValueError) as e:
     raise ValueError(f"code ground truth: the test code does not parse: {e}") from None
   defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
@@ -108,7 +109,7 @@ def split_tests(code: str, entry_point: str) -> list[tuple[str, str]]:
 
 def free_names(code: str) -> list[str]:
   """Names the test code reads but never binds (nor are builtins): those it takes from the solution."""
-  tree = ast.parse(code)
+  tree = pyast.parse(code)
   loaded, bound = set(), set()
   for n in ast.walk(tree):
     if isinstance(n, ast.Name):
@@ -129,7 +130,7 @@ def prompt_helpers(prompt: str, entry_point: str) -> str:
   suite's `import_prefix` so that the test uses the prompt's helpers (`poly`, `encode_cyclic`), never a
   solution's redefinition of them. '' when the prompt does not parse."""
   try:
-    tree = ast.parse(prompt)
+    tree = pyast.parse(prompt)
   except (SyntaxError, ValueError):
     return ""
   lines = prompt.split("\n")

@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from agentrl_jax.tools.base import ExecResult
+from agentrl_jax.tools import pyast
 
 TOOL_NAME = "code_interpreter"
 # The recipe's schema (sandbox_fusion_tool_config.yaml), as HF chat templates expect it in `tools=[...]`.
@@ -86,7 +87,7 @@ def prepare_code(code: str) -> str:
     code = str(code)
   code = strip_fences(code)
   try:
-    tree = ast.parse(code)
+    tree = pyast.parse(code)
   except (SyntaxError, ValueError, MemoryError, RecursionError):
     return code
   if not tree.body or not isinstance(tree.body[-1], ast.Expr):
@@ -109,7 +110,7 @@ def prepare_code(code: str) -> str:
   shown = f"print({_LAST_VALUE}) if ({_LAST_VALUE} := ({expr})) is not None else None"
   new = code[:begin] + shown + code[end:]
   try:
-    ast.parse(new)
+    pyast.parse(new)
   except (SyntaxError, ValueError, MemoryError, RecursionError):
     return code
   return new

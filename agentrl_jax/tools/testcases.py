@@ -30,7 +30,6 @@ suite's score is not the solution's.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import decimal
 import json
@@ -41,6 +40,7 @@ from typing import Any
 
 from agentrl_jax.tools import assert_tests
 from agentrl_jax.tools.base import ExecResult, Executor
+from agentrl_jax.tools import pyast
 
 KINDS = ("stdin", "functional", "assert")
 OUTPUT_CAP_BYTES = 16 << 20  # at least this much of a test run's output is kept whole (see `output_cap`)
@@ -190,7 +190,7 @@ def parse_suite(ground_truth: Any) -> TestSuite:
   if entry and not str(entry).isidentifier():
     raise ValueError(f"code ground truth: entry_point must be an identifier, got {entry!r}")
   try:
-    ast.parse(prefix)
+    pyast.parse(prefix)
   except (SyntaxError, ValueError) as e:
     raise ValueError(f"code ground truth: import_prefix does not parse: {e}") from None
   pairs = [pair for code in codes for pair in assert_tests.split_tests(code, str(entry))]

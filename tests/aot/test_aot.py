@@ -33,6 +33,21 @@ def test_tiny_rl_update_prefill_and_decode_compile_for_a_v5e_slice():
   assert report["fits"] and json.loads(json.dumps(report)) == report
 
 
+def test_tiny_rl_with_context_parallelism_and_lora_compiles_for_a_v5e_slice():
+  """`mesh.context=2` (each packed row's tokens over 2 chips, fsdp over the other 2), LoRA adapters and a float8
+  rollout cache: the update and scoring run the context-parallel splash kernels, the rollout's cache rows lie over
+  all 4 chips, and every program compiles and fits."""
+  config = _tiny_rl(**{"mesh.context": 2, "rl.micro_batch_size": 2, "rl.pack_len": 256, "lora.rank": 4,
+                       "model.kv_cache_dtype": "float8_e4m3fn"})  # 128 tokens a chip: whole splash blocks
+  report = aot.compile_all(config, "v5e:2x2", only=("rl/", "rollout/prefill", "rollout/decode"))
+  rows = {r["program"]: r for r in report["programs"]}
+  assert set(rows) == {"rl/update", "rl/logprobs", "rollout/prefill", "rollout/decode"}
+  assert report["model"]["attention_impl"] == "splash" and report["fits"]  # head_dim 16: no ragged paged kernel
+  assert rows["rl/update"]["shape"] == "B=8 T=256 packed"
+  for r in rows.values():
+    assert r["fits"] and r["compile_cpu_s"] > 0 and 0 < r["hbm_gib"] < 16
+
+
 def test_programs_follow_the_rollout_and_update_shapes():
   """Without packing, one update program per length bucket; the non-paged cache grows through every
   capacity bucket, and each one is a decode program."""

@@ -70,3 +70,15 @@ def test_preflight_compiles_for_the_topology_before_a_run():
   assert "agentrl_jax.aot" in pre and run[4] == "ssh"
   (run,) = dry_run("run", "configs/demystify_qwen3_4b.py", "gs://b/runs/x", **SLICE)  # no TOPOLOGY: no preflight
   assert run[4] == "ssh"
+
+
+def test_a_slice_family_argument_preflights_its_slice():
+  """`configs/x.py:v5e` (the recipe laid out for a v5e-16) runs the pre-flight for v5e:4x4 before a run without
+  TOPOLOGY; an explicit TOPOLOGY wins."""
+  pre, run = dry_run("run", "configs/demystify_qwen3_4b.py:v5e", "gs://b/runs/x", **SLICE)
+  assert pre[5:7] == ["--config=configs/demystify_qwen3_4b.py:v5e", "--topology=v5e:4x4"] and run[4] == "ssh"
+  assert "--config=configs/demystify_qwen3_4b.py:v5e" in run[-1]
+  (pre,) = dry_run("preflight", "configs/demystify_qwen2p5_7b.py:v6e")
+  assert pre[6] == "--topology=v6e:4x4"
+  (pre,) = dry_run("preflight", "configs/demystify_qwen3_4b.py:v6e", TOPOLOGY="v6e:8x8")
+  assert pre[6] == "--topology=v6e:8x8"

@@ -16,11 +16,11 @@ def _shard_bytes(arrays):
   return sum(a.addressable_shards[0].data.nbytes for a in arrays)
 
 
-@pytest.mark.parametrize("data,fsdp,tensor", [(1, 8, 1), (1, 4, 2), (2, 2, 2)])
-def test_param_and_cache_bytes_equal_the_sharded_arrays(data, fsdp, tensor):
+@pytest.mark.parametrize("data,fsdp,context,tensor", [(1, 8, 1, 1), (1, 4, 1, 2), (2, 2, 1, 2), (1, 2, 2, 2)])
+def test_param_and_cache_bytes_equal_the_sharded_arrays(data, fsdp, context, tensor):
   cfg = ModelConfig.tiny_qwen3(vocab_size=512, dtype="bfloat16", num_heads=4, num_kv_heads=2)
-  mesh = sharding_lib.make_mesh(data, fsdp, tensor)
-  shape = {"data": data, "fsdp": fsdp, "tensor": tensor}
+  mesh = sharding_lib.make_mesh(data, fsdp, tensor, context=context)
+  shape = {"data": data, "fsdp": fsdp, "context": context, "tensor": tensor}
   model = loading.init_model(cfg, jax.random.key(0), mesh)
   assert memory_plan.param_bytes(cfg, shape) == _shard_bytes(jax.tree.leaves(nnx.state(model)))
   with jax.set_mesh(mesh):
@@ -37,7 +37,8 @@ def test_plan_of_qwen3_4b_on_a_slice():
   cfg = ModelConfig.qwen3_4b(dtype="bfloat16")
   p = memory_plan.plan(cfg, chips=8, hbm=95 << 30, seq=4096, rows=64)
   assert abs(p.params - cfg.param_count() * 4 / 8) < 0.01 * p.params  # float32 master weights over 8 chips
-  assert p.optimizer == 2 * p.gradients and p.gradients == p.params  # float32 moments and accumulator
+  # float32 moments; a micro-batch's float32 gradients and their accumulator
+  assert p.optimizer == p.gradients == 2 * p.params
   # 64 rows x 4096 tokens x 36 layers x (K + V) x 8 kv heads x 128 x 2 bytes, rows over the 8 chips
   assert p.kv_cache == 64 * 4096 * 36 * 2 * 8 * 128 * 2 // 8
   assert p.activations_remat < p.activations
@@ -55,7 +56,7 @@ def test_cli_prints_one_json_line(capsys):
   memory_plan.main(["--model", "qwen2p5_7b", "--slice", "v6e-16", "--seq", "8192", "--rows", "32", "--tensor", "2",
                     "--json"])
   out = json.loads(capsys.readouterr().out)
-  assert out["mesh"] == {"data": 1, "fsdp": 8, "tensor": 2} and out["kv_cache"] > 0
+  assert out["mesh"] == {"data": 1, "fsdp": 8, "context": 1, "tensor": 2} and out["kv_cache"] > 0
 
 
 @pytest.mark.parametrize("data,fsdp,tensor", [(1, 8, 1), (1, 4, 2)])
@@ -64,14 +65,15 @@ def test_plan_state_bytes_equal_the_compiled_update_steps_arguments(data, fsdp, 
   bytes are the plan's params + AdamW moments, plus the batch rows and the scalars (step, Adam count, key)."""
   import jax.numpy as jnp
 
+  from agentrl_jax import train_state as train_state_lib
   from agentrl_jax.rl import losses
   from agentrl_jax.rl import update as update_lib
 
   cfg = ModelConfig.tiny_qwen3(vocab_size=512, num_heads=4, num_kv_heads=2)
   mesh = sharding_lib.make_mesh(data, fsdp, tensor)
-  opt_cfg = update_lib.OptimizerConfig()
-  graphdef, abstract = update_lib.abstract_train_state(cfg, opt_cfg, mesh)
-  shardings = update_lib.train_state_shardings(abstract, mesh)
+  opt_cfg = train_state_lib.OptimizerConfig()
+  graphdef, abstract = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh)
+  shardings = train_state_lib.train_state_shardings(abstract, mesh)
   update = update_lib.make_update_fn(graphdef, shardings, losses.LossConfig(), opt_cfg, mesh, micro_batch_size=8,
                                      logits_chunk_size=None)
   b, t = 8, 64

@@ -49,6 +49,21 @@ def test_stage_inputs_chain_through_earlier_stages():
   assert job.stage_inputs(base, "rl") != job.stage_inputs(clip, "rl")
 
 
+def test_lora_is_an_input_of_the_rl_stage_only_when_on():
+  """LoRA off records nothing (a run from before the block existed compares equal); on, it changes the RL stage
+  and the ones after it, not the SFT checkpoint or the filter it starts from, and reaches the RL job's config."""
+  from agentrl_jax.pipeline import stages
+
+  base, on = _config(), _config(**{"lora.rank": 8})
+  assert "lora" not in job.stage_inputs(base, "rl")
+  assert job.stage_inputs(base, "filter") == job.stage_inputs(on, "filter")
+  assert job.stage_inputs(base, "rl") != job.stage_inputs(on, "rl")
+  assert job.stage_inputs(on, "rl")["lora"]["rank"] == 8
+  results = {"sft": {"checkpoint": "/x"}, "filter": {"output": "/y"},
+             "data": {"splits": {"heldout_curve": {"path": "/z"}}}}
+  assert stages.rl_config(on, "/w", results).lora.rank == 8
+
+
 def test_table_shows_before_after_intervals_and_missing_values():
   summary = {"k": 4, "heldout_problems": 16, "eval_temperature": 1.0, "wall_s": 12.5, "compile_s": 3.0,
              "sft": {"avg@4": 0.25, "pass@4": 0.5, "maj@4": 0.25, "tool_calls_per_response": 1.0,

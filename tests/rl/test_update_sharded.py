@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from agentrl_jax import testing
+from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.models import sharding
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rl import losses
@@ -28,8 +29,8 @@ def _batch(cfg, seed=0):
 
 
 def _run(mesh, cfg, opt_cfg, loss_cfg, batches):
-  graphdef, state = update_lib.init_train_state(testing.tiny_model(cfg, seed=2), opt_cfg, mesh)
-  shardings = update_lib.train_state_shardings(state, mesh)
+  graphdef, state = train_state_lib.init_train_state(testing.tiny_model(cfg, seed=2), opt_cfg, mesh)
+  shardings = train_state_lib.train_state_shardings(state, mesh)
   update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh, micro_batch_size=4,
                                      logits_chunk_size=16)
   logprobs = update_lib.make_logprobs_fn(graphdef, shardings.params, mesh, micro_batch_size=4)
@@ -44,7 +45,7 @@ def _run(mesh, cfg, opt_cfg, loss_cfg, batches):
 def test_sharded_update_matches_single_device():
   assert len(jax.devices()) == 8, "conftest sets 8 fake CPU devices"
   cfg = ModelConfig.tiny_qwen3(remat=True)  # exercises nnx.remat inside the micro-batch loops too
-  opt_cfg = update_lib.OptimizerConfig(learning_rate=1e-3, weight_decay=0.01)
+  opt_cfg = train_state_lib.OptimizerConfig(learning_rate=1e-3, weight_decay=0.01)
   loss_cfg = losses.LossConfig()
   batches = [_batch(cfg, 0), _batch(cfg, 1)]
   single = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
@@ -88,10 +89,10 @@ def test_qwen3_4b_update_lowers_on_fsdp_tensor_mesh():
   micro-batch (one per fsdp shard), 16 per mini-batch, on data=1 x fsdp=4 x tensor=2."""
   cfg = ModelConfig.qwen3_4b(param_dtype="bfloat16", dtype="bfloat16", remat=True)
   mesh = sharding.make_mesh(data=1, fsdp=4, tensor=2)
-  opt_cfg = update_lib.OptimizerConfig()
-  graphdef, abstract = update_lib.abstract_train_state(cfg, opt_cfg, mesh)
+  opt_cfg = train_state_lib.OptimizerConfig()
+  graphdef, abstract = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh)
   assert abstract.params["layers"]["mlp"]["gate_df"].get_value().sharding.spec == jax.P(None, "fsdp", "tensor")
-  shardings = update_lib.train_state_shardings(abstract, mesh)
+  shardings = train_state_lib.train_state_shardings(abstract, mesh)
   update = update_lib.make_update_fn(graphdef, shardings, losses.LossConfig(), opt_cfg, mesh, micro_batch_size=4,
                                      logits_chunk_size=1024)
   batch, rng = _qwen3_4b_batch(mesh)
@@ -118,10 +119,10 @@ def test_qwen3_4b_update_exports_for_a_tpu_slice_through_splash():
   kernels (the non-segmented ones: RL rows are one sequence each), run per shard."""
   cfg = ModelConfig.qwen3_4b(param_dtype="bfloat16", dtype="bfloat16", remat=True, attention_impl="splash")
   mesh = testing.tpu_mesh((1, 4, 2), ("data", "fsdp", "tensor"))
-  opt_cfg = update_lib.OptimizerConfig()
+  opt_cfg = train_state_lib.OptimizerConfig()
   with jax.sharding.use_abstract_mesh(mesh):
-    graphdef, abstract = update_lib.abstract_train_state(cfg, opt_cfg, mesh)
-    update = update_lib.make_update_fn(graphdef, update_lib.train_state_shardings(abstract, mesh), losses.LossConfig(),
+    graphdef, abstract = train_state_lib.abstract_train_state(cfg, opt_cfg, mesh)
+    update = update_lib.make_update_fn(graphdef, train_state_lib.train_state_shardings(abstract, mesh), losses.LossConfig(),
                                        opt_cfg, mesh, micro_batch_size=4, logits_chunk_size=1024)
     batch, rng = _qwen3_4b_batch(mesh)
     text = jax.export.export(update, platforms=["tpu"])(abstract, batch, rng).mlir_module()

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from agentrl_jax import testing
+from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.rl import update as rl_update
 from agentrl_jax.sft import masking, packing
 from agentrl_jax.sft import step as step_lib
 
@@ -34,12 +34,12 @@ def setup():
   return cfg, convs
 
 
-OPT = rl_update.OptimizerConfig(learning_rate=1e-2, b2=0.95, grad_clip=1.0)
+OPT = train_state_lib.OptimizerConfig(learning_rate=1e-2, b2=0.95, grad_clip=1.0)
 
 
 def _step(cfg, mesh, micro_rows):
-  graphdef, state = rl_update.init_train_state(testing.tiny_model(cfg, seed=1), OPT, mesh)
-  shardings = rl_update.train_state_shardings(state, mesh)
+  graphdef, state = train_state_lib.init_train_state(testing.tiny_model(cfg, seed=1), OPT, mesh)
+  shardings = train_state_lib.train_state_shardings(state, mesh)
   return graphdef, state, step_lib.make_train_step(graphdef, shardings, OPT, mesh, micro_rows=micro_rows,
                                                    seq_len=SEQ)
 
@@ -176,9 +176,9 @@ def test_sft_step_traces_qwen3_4b_at_recipe_shapes():
   max_length), chunked LM head."""
   cfg = ModelConfig.qwen3_4b(dtype="bfloat16", remat=True)
   mesh = sharding_lib.make_mesh(1, -1, 1)
-  opt = rl_update.OptimizerConfig(learning_rate=1e-5, b2=0.95, schedule="cosine", warmup_steps=47, total_steps=470)
-  graphdef, abstract = rl_update.abstract_train_state(cfg, opt, mesh)
-  step = step_lib.make_train_step(graphdef, rl_update.train_state_shardings(abstract, mesh), opt, mesh,
+  opt = train_state_lib.OptimizerConfig(learning_rate=1e-5, b2=0.95, schedule="cosine", warmup_steps=47, total_steps=470)
+  graphdef, abstract = train_state_lib.abstract_train_state(cfg, opt, mesh)
+  step = step_lib.make_train_step(graphdef, train_state_lib.train_state_shardings(abstract, mesh), opt, mesh,
                                   micro_rows=8, seq_len=32768, logits_chunk_size=1024)
   batch = {f: jax.ShapeDtypeStruct((4, 8, 32768), jnp.float32 if f == "weights" else jnp.int32)
            for f in packing.FIELDS}
