@@ -241,7 +241,7 @@ class RolloutStream:
   def _new_loop(self) -> AgentLoop:
     e = self.engine
     return AgentLoop(e.sampler, n=self.n, tokenizer=e.tokenizer, executor=e.executor, cfg=e.cfg,
-                     key=jax.random.fold_in(self.key, self.restarts), scripts=self.scripts)
+                     key=jax.random.fold_in(self.key, self.restarts), scripts=self.scripts, refill=True)
 
   def _draw(self) -> Batch:
     rendered = self.engine.render(next(self.data_iter))

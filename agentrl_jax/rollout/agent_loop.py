@@ -191,19 +191,21 @@ class AgentLoop:
   clocks (pause mode), so a run is a deterministic function of its inputs and the sequence of calls.
 
   `scripts` (teacher forcing, as in `run_rollout`) may also be a function `episode -> turns` (episode
-  `group * n + sample`) for a stream whose groups are not known in advance.
+  `group * n + sample`) for a stream whose groups are not known in advance. `refill`: in pause mode, queued groups
+  start in free slots between decode segments instead of waiting for every row to pause (a stream's slots stay
+  full; `run_rollout` keeps the batch's pause points as the only start points).
   """
 
   def __init__(self, sampler: Sampler, *, n: int, tokenizer, executor: Executor, cfg: RolloutConfig,
                key: jax.Array, scripts: Sequence[Sequence[Sequence[int]]] | Callable | None = None,
-               on_episode: Callable[[Episode], None] | None = None):
+               on_episode: Callable[[Episode], None] | None = None, refill: bool = False):
     _check_prompts([], n, cfg, None, sampler)
     self.procs, self.me = jax.process_count(), jax.process_index()
     if self.procs > 1 and cfg.overlap_tools:
       raise ValueError("run_rollout: overlap_tools needs one process; with several, every process must resume "
                        "the same rows at the same time (set rollout.overlap_tools=False)")
     self.sampler, self.n, self.tokenizer, self.executor, self.cfg = sampler, n, tokenizer, executor, cfg
-    self.scripts, self.on_episode = scripts, on_episode
+    self.scripts, self.on_episode, self.refill = scripts, on_episode, refill
     self.stats = RolloutStats()
     self.renderer = ToolResponseRenderer(tokenizer)
     self.b, self.seg = cfg.batch_size, cfg.segment_len
@@ -326,6 +328,11 @@ class AgentLoop:
         self._start_groups(params)
       # Rows just resumed/started count as active: a row whose first draw stopped it is inactive on device
       # and draws nothing in the decode; its draw is processed (before the segment) at the next sync.
+      active = [i for i, r in enumerate(rows) if r is not None and r.status == "active"]
+    elif self.refill and self.queue and rows.count(None) >= self.n:
+      # A stream keeps its slots full: queued groups start in free slots between segments, beside rows that
+      # are still decoding, rather than at the batch's next pause.
+      self._start_groups(params)
       active = [i for i, r in enumerate(rows) if r is not None and r.status == "active"]
     if active:
       self._ensure_capacity(max(rows[i].cache_len + self.seg for i in active))

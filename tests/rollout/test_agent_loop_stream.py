@@ -124,3 +124,30 @@ def test_abort_drops_groups_in_flight_and_they_restart_alike(env):
         np.testing.assert_array_equal(x.response_ids, y.response_ids)
   finally:
     ex.close()
+
+
+@pytest.mark.parametrize("refill", [True, False])
+def test_refill_starts_queued_groups_beside_rows_still_decoding(env, refill):
+  """A stream's loop (`refill=True`) starts a queued group in slots freed by a finished group while another group
+  is still decoding; without it (a batch's loop) the queue waits for every row to stop."""
+  tok, _, p0, _, sampler, prompt = env
+  enc = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731
+  short, long = enc("It is 6.<|im_end|>"), enc("So " + "the answer is six, " * 5 + "6.<|im_end|>")
+  assert F >= len(long) > 2 * SEG > SEG > len(short)
+  ex = stub_executor(lambda code: ExecResult("ok", stdout="6\n"))
+  try:
+    loop = agent_loop.AgentLoop(sampler, n=2, tokenizer=tok, executor=ex, cfg=CFG, key=jax.random.key(7),
+                                scripts=lambda ep: [long] if ep // 2 == 1 else [short], refill=refill)
+    loop.add([prompt] * 3, groups=[0, 1, 2])
+    order, finished = [], {}
+    while loop.busy:
+      loop.step(p0, version=0)
+      for g, eps in loop.pop_finished_groups():
+        order.append(g)
+        finished[g] = eps
+    # Refilled, group 2 runs in group 0's slots while the long group 1 decodes, and ends first.
+    assert order == ([0, 2, 1] if refill else [0, 1, 2])
+    for g, want in ((0, short), (1, long), (2, short)):
+      assert all(e.response_ids.tolist()[:len(want)] == want for e in finished[g])
+  finally:
+    ex.close()
