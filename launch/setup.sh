@@ -33,6 +33,23 @@ if [ ! -f "$_stamp" ] || [ "$(cat "$_stamp")" != "$_want" ]; then
   echo "$_want" > "$_stamp"
 fi
 
+# The benchmarks' Tunix peer lives in its own venv (its pins conflict with ours: bench/requirements-tunix.txt).
+# CI builds it so that the tests comparing against Tunix run rather than skip; elsewhere AGENTRL_TUNIX=1 asks.
+_ci=0
+case "${CI:-}" in 1|true|TRUE|True|yes) _ci=1 ;; esac
+if [ "$_kind" = test ] && { [ "$_ci" = 1 ] || [ "${AGENTRL_TUNIX:-0}" = 1 ]; }; then
+  _treq=agentrl_jax/bench/requirements-tunix.txt
+  _tstamp=".venv-tunix/.installed"
+  _twant="$(sha256sum "$_treq" | cut -d' ' -f1)"
+  if [ ! -f "$_tstamp" ] || [ "$(cat "$_tstamp")" != "$_twant" ]; then
+    echo "setup: installing $_treq into .venv-tunix (the benchmarks' Tunix peer)"
+    [ -x .venv-tunix/bin/python ] || "$_py" -m venv .venv-tunix
+    .venv-tunix/bin/python -m pip install -q --upgrade pip
+    .venv-tunix/bin/python -m pip install -q -r "$_treq"
+    echo "$_twant" > "$_tstamp"
+  fi
+fi
+
 if ! command -v bwrap >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing bubblewrap (the code sandbox) with apt-get"

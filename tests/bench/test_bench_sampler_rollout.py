@@ -45,9 +45,7 @@ def test_sampler_bench_smoke():
   assert line["tunix_tok_s"] is None
 
 
-@pytest.mark.skipif(common.tunix_python() is None, reason=f"{common.TUNIX_VENV} is missing: the Tunix side of the "
-                    f"sampler benchmark needs it (pip install -r {common.TUNIX_REQUIREMENTS})")
-def test_sampler_bench_smoke_with_tunix():
+def test_sampler_bench_smoke_with_tunix(tunix):
   (line,) = _json_lines(bench_sampler.main, SAMPLER_ARGV)
   _check_sampler_line(line)
   assert line["tunix_tok_s"] > 0

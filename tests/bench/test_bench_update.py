@@ -42,8 +42,7 @@ def test_bench_update_prints_one_json_line_without_tunix(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(common.tunix_python() is None, reason=".venv-tunix is missing")
-def test_bench_update_vs_tunix_subprocess():
+def test_bench_update_vs_tunix_subprocess(tunix):
   """The command line as documented, with Tunix: same loss on the same weights and batch."""
   root = common.REPO_ROOT
   res = subprocess.run([sys.executable, "-m", "agentrl_jax.bench.update", *TINY], cwd=root, capture_output=True,
