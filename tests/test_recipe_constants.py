@@ -193,6 +193,9 @@ IMPLEMENTATION = (
     "rl.max_staleness", "rl.async_",                 # asynchronous RL (the reference's loop is synchronous: 0)
     "rl.loss.tis_cap", "rl.loss.is_level", "rl.loss.behav_imp_weight_cap", "rl.loss.rejection",
                                                      # off-policy correction (off, as the reference runs)
+    "lora.",                                         # LoRA: off (rank 0) as the reference fine-tunes every
+                                                     # weight; the slice layouts that turn it on are
+                                                     # deviations the README names
     "rl.max_infra_failure_frac", "rl.max_consecutive_nonfinite_steps",  # run guards the reference lacks (it
                                                      # scores a dead sandbox 0 and skips non-finite steps silently)
     "rollout.batch_size", "rollout.segment_len", "rollout.groups_per_prefill", "rollout.prompt_bucket_min",
