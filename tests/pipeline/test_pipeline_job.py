@@ -79,3 +79,13 @@ def test_table_shows_before_after_intervals_and_missing_values():
   assert "| tool success rate          |      n/a |    0.900 |      n/a |                n/a |" in text
   assert "| 2 (mul)            |        4 |    0.000 |    0.500 |   +0.500 |   [+0.250, +0.750] |" in text
   assert "(earlier run)" in text and "| total      |     12.5 |" in text
+
+
+def test_fields_added_later_match_stages_recorded_before_them():
+  """A stage recorded before the mesh's context axis and the model's context strategy / cache dtype existed
+  (the SFT stage of an earlier run) matches today's config that leaves them at their defaults; set, they count."""
+  sft = job.stage_inputs(_config(), "sft")
+  assert "context" not in sft["mesh"] and not {"context_strategy", "kv_cache_dtype"} & set(sft["model"])
+  cp = job.stage_inputs(_config(**{"mesh.context": 2, "model.context_strategy": "ulysses"}), "sft")
+  assert cp["mesh"]["context"] == 2 and cp["model"]["context_strategy"] == "ulysses"
+  assert cp != sft
