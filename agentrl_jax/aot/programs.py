@@ -312,8 +312,9 @@ def init_programs(cfg: ModelConfig, source: str, mesh: jax.sharding.Mesh, state,
   # The moments' init reads only the parameters' shapes, so jit drops them from its arguments: they are in HBM
   # beside it all the same (and a KL term's reference is loaded only after it).
   params = device_bytes(state.params)
-  out.append(Program("init/optimizer", "AdamW moments", _lowering(tx_init, mesh, state.params), 0.0,
-                     2.0 * params * mesh.size, mesh.size, resident=params))
+  trainable = train_state_lib.split_trainable(state.params)[0]  # with LoRA, the adapters' moments only
+  out.append(Program("init/optimizer", "AdamW moments", _lowering(tx_init, mesh, trainable), 0.0,
+                     2.0 * device_bytes(trainable) * mesh.size, mesh.size, resident=params))
   return out
 
 

@@ -123,7 +123,7 @@ def tokenizer_and_config(block: ml_collections.ConfigDict, t: Target) -> tuple[o
     tokenizer, cfg = loading.tokenizer_and_config(embedded_tokenizer.fill_model_block(block), overrides=overrides)
     source = f"checkpoint {block.checkpoint}" if block.get("checkpoint") else f"HF directory {block.hf_path}"
   elif block.get("size") in _REAL_SIZES:
-    family = "qwen2" if block.size.startswith("qwen2") else "qwen3"
+    family = "qwen2.5" if block.size.startswith("qwen2") else "qwen3"
     tokenizer = tok_lib.load_tokenizer(tok_path) if tok_path and os.path.isdir(tok_path) else qwen_tokenizer.load(family)
     cfg = ModelConfig.by_name(block.size, **overrides)
     source = f"size {block.size} (published config; weights not read)"

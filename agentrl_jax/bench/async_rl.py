@@ -19,7 +19,9 @@ overlap: rows decode while others wait) and keeps its faster one. Fields: *_tok_
 tokens of the updated episodes) per second over the timed steps (after `--warmup` steps that compile
 everything); speedup = async / sync tok/s, each at its faster schedule (speedup_same_schedule_*: per schedule);
 *_staleness_max, async_partial_frac: what the async run trained on; tool_latency_p50_s / p99_s: of the calls
-made. Both modes train the same prompts and draw the same scripted tokens.
+made; per mode and schedule, *_wall_s (timed steps), *_rollout_s (the trainer waiting for its batch: the whole
+rollout when synchronous), *_tool_wait_s (the loop blocked on tools with nothing to decode) and *_decode_calls.
+Both modes train the same prompts and draw the same scripted tokens.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ from agentrl_jax.rollout.stub_executor import stub_executor
 from agentrl_jax.sampling.config import SamplingConfig
 from agentrl_jax.sampling.sampler import make_sampler
 
+PACK_LEN = 512 + 1024  # the longest episode: max prompt + max response
+MICRO = 2  # rows per micro-batch of the update
 SIGMA = math.log(10.0) / 2.326  # lognormal with median m has p99 = m * exp(2.326 sigma) = 10 m
 
 
@@ -117,17 +121,20 @@ def run(args) -> dict:
   graphdef, _ = nnx.split(model)
   _, state0 = fresh_state()
   shardings = update_lib.train_state_shardings(state0, mesh)
-  update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh, micro_batch_size=min(8, mini),
+  update = update_lib.make_update_fn(graphdef, shardings, loss_cfg, opt_cfg, mesh, micro_batch_size=MICRO,
                                      logits_chunk_size=None)
   bsh = update_lib.batch_sharding(mesh)
 
   def update_batch(episodes):
+    # Episodes packed into rows of the longest possible episode, as the trainer does (rl.pack_len): the update
+    # computes their tokens, not a padded square, and skips its empty micro-batches.
     collated = collate(episodes, prompt_bucket_min=512, response_bucket_min=1024, batch_multiple=mini)
     adv = np.where(np.arange(len(episodes)) % 2, 1.0, -1.0).astype(np.float32)  # a real gradient, both signs
     full = batch_lib.update_batch(collated, adv)
-    arrays = jax.device_put(full, bsh)
-    arrays["old_logp"] = arrays["sampler_logp"]
-    arrays.pop("sampler_logp")
+    packed = batch_lib.pack_minibatch(full, collated["prompt_lens"] + collated["response_lens"], pack_len=PACK_LEN,
+                                      micro_batch_size=MICRO)
+    arrays = jax.device_put(packed, bsh)
+    arrays["old_logp"] = arrays.pop("sampler_logp")
     return arrays, int(collated["loss_mask"].sum())
 
   def one_mode(mode: str, overlap: bool) -> dict:
@@ -140,6 +147,7 @@ def run(args) -> dict:
     script_fn = lambda ep: scripts[ep]  # noqa: E731  # episode group * n + sample of the global prompt list
     key = jax.random.key(1)
     trained, t_start, stale, partial = 0, None, [], []
+    decode_calls = tool_wait = rollout_s = 0.0
     try:
       if mode == "async":
         engine = _Engine(sampler, tok, executor, rcfg, prompts)
@@ -151,18 +159,28 @@ def run(args) -> dict:
         if step == args.warmup:
           jax.block_until_ready(state)
           t_start = time.perf_counter()
+        t0 = time.perf_counter()
         if mode == "sync":
           ids = prompts[step * args.prompts:(step + 1) * args.prompts]
-          eps, _ = agent_loop.run_rollout(sampler, state.params, ids, n=args.n, tokenizer=tok, executor=executor,
+          eps, rs = agent_loop.run_rollout(sampler, state.params, ids, n=args.n, tokenizer=tok, executor=executor,
                                           cfg=rcfg, key=jax.random.fold_in(key, step),
                                           scripts=[scripts[step * args.prompts * args.n + i]
                                                    for i in range(args.prompts * args.n)])
+          if step >= args.warmup:
+            decode_calls += rs.decode_calls
+            tool_wait += rs.tool_wait_s
         else:
+          calls0 = stream.loop.stats.decode_calls
           b = stream.next_batch(state.params, version=step)
           eps = [e for p in sorted(b.groups) for e in b.groups[p][0]]
+          st = stream.take_stats()
           if step >= args.warmup:
+            decode_calls += stream.loop.stats.decode_calls - calls0
+            tool_wait += st.tool_wait_s
             stale += [step - e.version_first for e in eps]
             partial += [e.version_last > e.version_first for e in eps]
+        if step >= args.warmup:
+          rollout_s += time.perf_counter() - t0
         arrays, tokens = update_batch(eps)
         state, metrics = update(state, arrays, jax.random.key(step))
         if mode == "sync":
@@ -173,7 +191,8 @@ def run(args) -> dict:
       wall = time.perf_counter() - t_start
     finally:
       executor.close()
-    out = {"tok_s": trained / wall, "wall_s": wall, "trained_tokens": trained,
+    out = {"tok_s": trained / wall, "wall_s": wall, "trained_tokens": trained, "rollout_s": rollout_s,
+           "tool_wait_s": tool_wait, "decode_calls": decode_calls,
            "latency_p50_s": float(np.percentile(latencies, 50)), "latency_p99_s": float(np.percentile(latencies, 99))}
     if mode == "async":
       out.update(staleness_max=float(max(stale)), staleness_mean=float(np.mean(stale)),
@@ -202,7 +221,8 @@ def run(args) -> dict:
                                   for o in (False, True)),
       "tool_latency_p50_s": res[("sync", False)]["latency_p50_s"],
       "tool_latency_p99_s": res[("sync", False)]["latency_p99_s"],
-      **{f"{m}_{'overlap' if o else 'pause'}_tok_s": r["tok_s"] for (m, o), r in res.items()},
+      **{f"{m}_{'overlap' if o else 'pause'}_{k}": r[k] for (m, o), r in res.items()
+         for k in ("tok_s", "wall_s", "rollout_s", "tool_wait_s", "decode_calls")},
       **common.backend_info(),
   }
   return out

@@ -109,10 +109,18 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
   axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
   try:
     return jax.make_mesh(shape, MESH_AXES, devices=devices, axis_types=axis_types)
-  except (ValueError, AssertionError):
-    # A device subset JAX cannot lay out physically (not a cuboid of the slice: the disaggregated trainer's or
-    # sampler's share of several hosts; jax asserts on those): the devices in the order given.
-    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=axis_types)
+  except (ValueError, AssertionError, NotImplementedError):
+    pass
+  # An axis that is no product of whole physical axes (context 2 x fsdp 8 on a 4x4 slice): split physical axes,
+  # keeping neighbours together. A device subset JAX cannot lay out physically (the disaggregated trainer's or
+  # sampler's share of several hosts, no cuboid; jax asserts on those): the devices in the order given.
+  try:
+    from jax.experimental import mesh_utils
+
+    grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+  except (ValueError, AssertionError, NotImplementedError):
+    grid = np.asarray(devices).reshape(shape)
+  return Mesh(grid, MESH_AXES, axis_types=axis_types)
 
 
 def mesh_from_config(block) -> Mesh:

@@ -82,23 +82,27 @@ def _run_smoke(module, *extra):
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_sampler_smoke_holds_its_ratios():
   extra = () if common.tunix_python() is not None else ("--no-tunix",)  # without Tunix: the floor ratio alone
   _run_smoke("sampler", *extra)
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_rollout_smoke_holds_its_ratios():
   _run_smoke("rollout")
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_update_smoke_holds_its_ratios():
   extra = () if common.tunix_python() is not None else ("--no-tunix",)
   _run_smoke("update", *extra)
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 @needs_bwrap
 def test_sandbox_smoke_holds_its_ratios():
   with sandbox.LocalExecutor(ToolConfig(timeout_s=5.0, memory_mb=512, max_concurrency=1)) as probe:
