@@ -394,8 +394,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         scored_parts = scored_parts[:rl.prompts_per_step]
       sc = batch_lib.Scored.concat(scored_parts)
       # Staleness of the trained tokens: versions between the policy that drew each token and this update's.
-      drawn = np.concatenate([e.versions[e.versions >= 0] for e in episodes if e.versions is not None] or [[step]])
-      staleness = step - drawn
+      # (Synchronous: every token was drawn by this step's params, whatever version the rollout stamped.)
+      drawn = [[step]] if stream is None else [e.versions[e.versions >= 0] for e in episodes if e.versions is not None]
+      staleness = step - np.concatenate(drawn or [[step]])
       counters["episodes"] += len(episodes)
       counters["prompts"] += len(records)
 

@@ -30,6 +30,8 @@ def test_reward_rises_on_toy_task(tmp_path):
               "response/length_mean", "reward/overlong_frac", "time/rollout_s", "time/update_s"):
     assert key in last, key
   assert (tmp_path / "samples.jsonl").exists() and list((tmp_path / "tensorboard").iterdir())
+  # Synchronous: every trained token was drawn by the step's own params.
+  assert all(r["async/staleness_max"] == 0.0 and r["async/partial_frac"] == 0.0 for r in rows)
   # Every program (set-up, rollout, scoring, update) is built in the first step; the eleven after it, on other
   # prompts with other response lengths, compile nothing.
   programs = [r["compile/programs"] for r in rows]
