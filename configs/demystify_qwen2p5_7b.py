@@ -6,7 +6,7 @@ Run (local paths; nothing downloads):
 Per slice family (the default is a v5p layout; each is checked by `python -m agentrl_jax.aot --config=...:v5e
 --topology=v5e:4x4`, see the README's table):
   :v5e  v5e-16: LoRA rank 64 (learning rate 1e-5), each 23,040-token row split over 2 chips (context
-        parallelism), 8-row micro-batches, 112 rollout rows
+        parallelism), 8-row micro-batches, 96 rollout rows
   :v6e  v6e-16: the same with 256 rollout rows
 Smoke (CPU): --config=configs/demystify_qwen2p5_7b.py:smoke (a tiny Qwen2-family model)
 

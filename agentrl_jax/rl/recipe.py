@@ -155,7 +155,7 @@ SLICE_LAYOUTS = {
     ("qwen3_4b", "v5e"): dict(topology="v5e:4x4", context=2, micro=8, rows=48, groups=3, lora=0, kv=""),
     ("qwen3_4b", "v6e"): dict(topology="v6e:4x4", context=1, micro=16, rows=256, groups=8, lora=64,
                               kv="float8_e4m3fn"),
-    ("qwen2p5_7b", "v5e"): dict(topology="v5e:4x4", context=2, micro=8, rows=112, groups=6, lora=64, kv=""),
+    ("qwen2p5_7b", "v5e"): dict(topology="v5e:4x4", context=2, micro=8, rows=96, groups=6, lora=64, kv=""),
     ("qwen2p5_7b", "v6e"): dict(topology="v6e:4x4", context=2, micro=8, rows=256, groups=8, lora=64, kv=""),
 }
 SLICE_FAMILIES = ("v5e", "v6e")
