@@ -132,6 +132,37 @@ def launch_main(flags: list[str], workdir, *, log_path=None, cache_dir=None):
                           stderr=subprocess.STDOUT, text=True)
 
 
+def run_killed_and_resumed(flags: list[str], tmp_path, *, total_steps: int, kill_wait_s: float, run_wait_s: float):
+  """The RL resume tests' protocol: an uninterrupted run in `tmp_path/full` beside one in `tmp_path/killed` that
+  is SIGKILLed right after its step-3 checkpoint and rerun with the same command. Asserts each process ended as
+  it should (killed, then resumed at its last checkpoint; the reference completes) and returns both workdirs."""
+  import pathlib
+  import signal
+
+  tmp_path = pathlib.Path(tmp_path)
+  full, killed = tmp_path / "full", tmp_path / "killed"
+  reference = launch_main(flags, full, log_path=tmp_path / "full.log")
+  victim = launch_main(flags, killed)
+  log = []
+  for line in victim.stdout:
+    log.append(line)
+    if "saved checkpoint at step 3 " in line:
+      victim.send_signal(signal.SIGKILL)
+      break
+  victim.wait(timeout=kill_wait_s)
+  assert victim.returncode == -signal.SIGKILL, "".join(log)[-3000:]
+  _, _, meta = latest_checkpoint_state(killed / "checkpoints")
+  killed_at = meta["step"]
+  assert 3 <= killed_at < total_steps
+  resumed = launch_main(flags, killed)
+  out = resumed.communicate(timeout=run_wait_s)[0]
+  assert resumed.returncode == 0, out[-3000:]
+  assert f"resumed at step {killed_at} of {total_steps}" in out
+  reference.wait(timeout=run_wait_s)
+  assert reference.returncode == 0, (tmp_path / "full.log").read_text()[-3000:]
+  return full, killed
+
+
 def latest_checkpoint_state(checkpoint_dir):
   """(step, state as numpy, metadata) of the latest checkpoint, restored as stored onto one device."""
   import numpy as np

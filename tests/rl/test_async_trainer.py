@@ -3,7 +3,6 @@ a deterministic function of its seed and config: a SIGKILLed run resumed from it
 bits as an uninterrupted one."""
 
 import json
-import signal
 
 import jax
 
@@ -21,26 +20,7 @@ def _metrics(workdir):
 
 
 def test_async_run_is_stale_partial_and_resumes_bit_identical(tmp_path):
-  full, killed = tmp_path / "full", tmp_path / "killed"
-  reference = testing.launch_main(FLAGS, full, log_path=tmp_path / "full.log")
-  victim = testing.launch_main(FLAGS, killed)
-  log = []
-  for line in victim.stdout:
-    log.append(line)
-    if "saved checkpoint at step 3 " in line:
-      victim.send_signal(signal.SIGKILL)
-      break
-  victim.wait(timeout=300)
-  assert victim.returncode == -signal.SIGKILL, "".join(log)[-3000:]
-  _, _, meta = testing.latest_checkpoint_state(killed / "checkpoints")
-  killed_at = meta["step"]
-  assert 3 <= killed_at < 8
-  resumed = testing.launch_main(FLAGS, killed)
-  out = resumed.communicate(timeout=600)[0]
-  assert resumed.returncode == 0, out[-3000:]
-  assert f"resumed at step {killed_at} of 8" in out
-  reference.wait(timeout=600)
-  assert reference.returncode == 0, (tmp_path / "full.log").read_text()[-3000:]
+  full, killed = testing.run_killed_and_resumed(FLAGS, tmp_path, total_steps=8, kill_wait_s=300, run_wait_s=600)
 
   rows = _metrics(full)
   assert [r["step"] for r in rows] == list(range(1, 9))

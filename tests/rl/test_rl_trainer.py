@@ -2,7 +2,6 @@
 run resumes bit for bit."""
 
 import json
-import signal
 
 import jax
 import numpy as np
@@ -79,26 +78,7 @@ FLAGS = ["--config=configs/rl_toy.py:digits", "--config.rl.total_steps=8", "--co
 def test_rl_resume_after_sigkill_is_bit_identical(tmp_path):
   """Killed with SIGKILL after its step-3 checkpoint and restarted, a run ends with the same bits as one that
   was never interrupted: params, Adam moments, step, PRNG key, counters and metrics log."""
-  full, killed = tmp_path / "full", tmp_path / "killed"
-  reference = testing.launch_main(FLAGS, full, log_path=tmp_path / "full.log")
-  victim = testing.launch_main(FLAGS, killed)
-  log = []
-  for line in victim.stdout:
-    log.append(line)
-    if "saved checkpoint at step 3 " in line:
-      victim.send_signal(signal.SIGKILL)
-      break
-  victim.wait(timeout=120)
-  assert victim.returncode == -signal.SIGKILL, "".join(log)[-3000:]
-  _, _, meta = testing.latest_checkpoint_state(killed / "checkpoints")
-  killed_at = meta["step"]
-  assert 3 <= killed_at < 8
-  resumed = testing.launch_main(FLAGS, killed)
-  out = resumed.communicate(timeout=400)[0]
-  assert resumed.returncode == 0, out[-3000:]
-  assert f"resumed at step {killed_at} of 8" in out
-  reference.wait(timeout=400)
-  assert reference.returncode == 0, (tmp_path / "full.log").read_text()[-3000:]
+  full, killed = testing.run_killed_and_resumed(FLAGS, tmp_path, total_steps=8, kill_wait_s=120, run_wait_s=400)
 
   step_a, state_a, meta_a = testing.latest_checkpoint_state(full / "checkpoints")
   step_b, state_b, meta_b = testing.latest_checkpoint_state(killed / "checkpoints")
