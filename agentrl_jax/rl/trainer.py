@@ -191,7 +191,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   if async_cfg.enabled:  # the rollout stream of asynchronous RL (agentrl_jax/rl/stream.py)
     score_kw = dict(tokenizer=tokenizer, executor=executor, reward_cfg=reward_cfg, shaping_cfg=shaping_cfg,
                     max_workers=config.tools.max_concurrency or 8)
-    place = to_sampler if transfer is not None or lora.enabled else None  # None: the sampler's own place_params
+    # As `engine.run` reads them: merged, moved, then on the sampler's layout (a no-op when already there).
+    place = lambda params: engine.sampler.place_params(to_sampler(params))  # noqa: E731
     stream = stream_lib.RolloutStream(
         engine, data_iter, async_cfg, n=n, prompts_per_step=rl.prompts_per_step, key=sample_key, place=place,
         score=lambda eps, record: batch_lib.score_episodes(eps, [record], **score_kw))
