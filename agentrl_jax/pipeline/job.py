@@ -40,7 +40,7 @@ _DEFAULTS = {"lora": {"rank": 0}}
 # Fields added to a block after runs were recorded, left out when at the value that means what those runs did
 # (no context parallelism; attention's default strategy and a cache in the compute dtype), so a stage recorded
 # before they existed still matches.
-_ADDED = {"mesh": {"context": 1}, "model": {"context_strategy": ("", "all_gather"), "kv_cache_dtype": ("",)}}
+_ADDED = {"mesh": {"context": (1,)}, "model": {"context_strategy": ("", "all_gather"), "kv_cache_dtype": ("",)}}
 _DEPENDS = {"data": (), "teacher": ("data",), "sft": ("teacher",), "eval_sft": ("sft",), "filter": ("sft",),
             "rl": ("filter",), "eval_rl": ("rl",)}
 _TITLES = {
@@ -73,12 +73,8 @@ def stage_inputs(config: ml_collections.ConfigDict, stage: str) -> dict[str, Any
         continue
     out[k] = _get(config, k)
     if isinstance(out[k], dict) and k in _ADDED:
-      out[k] = {f: v for f, v in out[k].items() if f not in _ADDED[k] or v not in _allowed(_ADDED[k][f])}
+      out[k] = {f: v for f, v in out[k].items() if f not in _ADDED[k] or v not in _ADDED[k][f]}
   return json.loads(json.dumps(out, sort_keys=True, default=str))
-
-
-def _allowed(values) -> tuple:
-  return values if isinstance(values, tuple) else (values,)
 
 
 def _check_same(stage: str, path: str, want: dict[str, Any]) -> None:
