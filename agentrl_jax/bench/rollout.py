@@ -224,6 +224,10 @@ def run(args) -> dict:
   if args.compile_cache and not jax.config.jax_compilation_cache_dir:
     cache_dir = tempfile.mkdtemp(prefix="bench_rollout_jax_cache_")
     compile_stats.enable_compilation_cache(cache_dir)
+  # The process may hold programs compiled before (an earlier benchmark or test, perhaps before any persistent
+  # cache was set): dropping the in-memory caches makes the warm-up compile (or load) every program it runs, so
+  # its counts are a fresh process's and each of its programs is in the persistent cache for the rerun.
+  jax.clear_caches()
   warm = {}
   with compile_stats.measured() as warm[default]:
     eps, st = ours(default, 0)

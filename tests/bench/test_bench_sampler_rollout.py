@@ -68,7 +68,12 @@ def test_sampler_ideal_counts_the_bytes_a_step_reads():
 def test_rollout_bench_smoke():
   argv = ["--size", "tiny_qwen3", "--groups", "2", "--n", "2", "--tool-turns", "2", "--rounds", "1",
           "--tool-latency", "0.01", "--segment-len", "16", "--no-check"]
+  # A first run without the persistent cache leaves its programs in the process's in-memory caches (as an earlier
+  # test or benchmark in the same process does); the cached run must still compile, store and reload every one.
+  (uncached,) = _json_lines(bench_rollout.main, argv + ["--no-compile-cache"])
+  assert "warm_cache_programs" not in uncached and uncached["compiled_programs"] > 0
   (line,) = _json_lines(bench_rollout.main, argv)
+  assert line["compiled_programs"] == uncached["compiled_programs"]  # the warm-up compiles as a fresh process
   assert line["bench"] == "rollout" and line["episodes"] == 4 and line["device"]["backend"] == "cpu"
   assert line["transcripts_match"]
   # Every scripted episode made its tool calls and ended its last turn itself.
