@@ -340,17 +340,38 @@ def _load_lora_model(ckpt: "Checkpointer", step: int, lora: dict, mesh: jax.shar
   from flax import nnx
 
   from agentrl_jax.models import lora as lora_lib
-  from agentrl_jax.models import loading
   from agentrl_jax.models import sharding as sharding_lib
 
   init_key = jax.random.wrap_key_data(jax.numpy.asarray(lora["init_key"], jax.numpy.uint32))
-  _, model = loading.load_policy(ml_collections.ConfigDict(lora["base_model"]), mesh, init_key)
+  _, model = load_policy(ml_collections.ConfigDict(lora["base_model"]), mesh, init_key)
   lora_lib.apply(model, lora_lib.LoraConfig(**lora["config"]), jax.random.key(0))  # placeholders, restored below
   graphdef, params = nnx.split(model)
   adapters, base = lora_lib.split(params)
   target = abstract_state(adapters, sharding_lib.state_shardings(adapters, mesh))
   restored, _ = ckpt.restore({"train": {"params": target}}, step=step)
   return lora_lib.merged(nnx.merge(graphdef, base, restored["train"]["params"]))
+
+
+def tokenizer_and_config(m, overrides: dict | None = None):
+  """`models.loading.tokenizer_and_config` of a `model` block, reading the `ModelConfig` a checkpoint of ours
+  recorded when the block names one (`model.checkpoint`, `model.checkpoint_step`)."""
+  from agentrl_jax.models import loading
+
+  stored = model_config_of(m.checkpoint, step=m.get("checkpoint_step") or None) if m.get("checkpoint") else None
+  return loading.tokenizer_and_config(m, overrides, stored=stored)
+
+
+def load_policy(m, mesh: jax.sharding.Mesh, key: jax.Array):
+  """(tokenizer, model) for a `model` config block (`models/loading.py` lists its fields), with params placed in
+  their shardings on `mesh`: from a checkpoint of ours when the block names one (`load_model`: a LoRA run's
+  adapters folded into the base it trained on), else an HF directory or a random init (`models.loading`)."""
+  from agentrl_jax.models import loading
+
+  if not m.get("checkpoint"):
+    return loading.load_policy(m, mesh, key)
+  tokenizer, cfg = tokenizer_and_config(m)
+  model = load_model(m.checkpoint, cfg, mesh, step=m.get("checkpoint_step") or None)
+  return loading.checked(tokenizer, model, cfg, f"checkpoint {m.checkpoint}")
 
 
 def export_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int | None = None,

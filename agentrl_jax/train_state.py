@@ -30,8 +30,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import numpy as np
 import optax
 
+from agentrl_jax import checkpoint as ckpt_lib
 from agentrl_jax import multihost
-from agentrl_jax.models import hf_io, loading
+from agentrl_jax.models import hf_io
 from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
@@ -222,8 +223,8 @@ def lora_key(init_key: jax.Array) -> jax.Array:
 
 
 def load_model(model_block, mesh: Mesh, init_key: jax.Array, lora: lora_lib.LoraConfig | None = None) -> nnx.Module:
-  """The policy of `model_block` (`models.loading.load_policy`) with `lora`'s adapters added (B = 0)."""
-  _, model = loading.load_policy(model_block, mesh, init_key)
+  """The policy of `model_block` (`checkpoint.load_policy`) with `lora`'s adapters added (B = 0)."""
+  _, model = ckpt_lib.load_policy(model_block, mesh, init_key)
   if lora is not None and lora.enabled:
     lora_lib.apply(model, lora, lora_key(init_key))
   return model
@@ -235,7 +236,7 @@ def init_or_restore_train_state(ckpt, model_block, model_cfg: ModelConfig, opt_c
   """The trainers' start: a fresh TrainState from the configured policy, or the latest checkpoint.
 
   Fresh: the policy of `model_block` (HF dir, our checkpoint or random init with `init_key`; see
-  `models.loading`), with `lora`'s adapters when its rank is > 0, a new AdamW state, `root_key` as the run's
+  `checkpoint.load_policy`), with `lora`'s adapters when its rank is > 0, a new AdamW state, `root_key` as the run's
   PRNG key, step 0. Resumed: train state, PRNG key, step and metadata of the latest checkpoint of `ckpt` (an
   `agentrl_jax.checkpoint.Checkpointer` holding `{"train": checkpointed(TrainState), "rng": key}`), restored
   into their shardings (with LoRA: the adapters onto the base weights `model_block` loads again);
@@ -310,6 +311,6 @@ def reference_policy(model_block, mesh: Mesh, init_key: jax.Array, lora: lora_li
   of the model, and the policy's scoring program); else the initial policy of `model_block`, loaded once."""
   if lora is not None and lora.enabled:
     return lora_lib.without_adapters
-  _, ref_model = loading.load_policy(model_block, mesh, init_key)
+  _, ref_model = ckpt_lib.load_policy(model_block, mesh, init_key)
   ref_params = nnx.state(ref_model)
   return lambda params: ref_params

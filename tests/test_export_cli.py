@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import transformers
 
 from agentrl_jax import checkpoint, testing
-from agentrl_jax.models import loading
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models import tokenizer as tok_lib
 from agentrl_jax.sft import trainer
@@ -35,7 +34,7 @@ def test_export_of_a_trained_run_loads_in_transformers(tmp_path):
   assert tok.convert_tokens_to_ids(tok_lib.IM_END) in gen["eos_token_id"]
 
   cfg = checkpoint.model_config_of(ckpt_dir)
-  ours = loading.load_params_from_checkpoint(ckpt_dir, cfg, sharding_lib.make_mesh(1, 1, 1, jax.devices()[:1]))
+  ours = checkpoint.load_model(ckpt_dir, cfg, sharding_lib.make_mesh(1, 1, 1, jax.devices()[:1]))
   tokens = testing.random_tokens(jax.random.key(0), 2, 11, cfg.vocab_size)
   diff = jnp.abs(testing.jit_forward(ours)(tokens)[0] - testing.hf_logits(testing.load_hf_torch(out), tokens))
   assert float(jnp.max(diff)) <= 1e-4
@@ -72,7 +71,7 @@ def test_export_of_a_lora_run_folds_the_adapters_in(tmp_path):
   assert float(jnp.max(jnp.abs(adapted.layers.attn.q_lora_b_rnh[...]))) > 0  # the adapters did train
   tokens = testing.random_tokens(jax.random.key(0), 2, 11, cfg.vocab_size)
   want = testing.jit_forward(adapted)(tokens)[0]
-  base = testing.jit_forward(loading.load_policy(config.model, mesh, jax.random.split(jax.random.key(0))[0])[1])
+  base = testing.jit_forward(checkpoint.load_policy(config.model, mesh, jax.random.split(jax.random.key(0))[0])[1])
   assert float(jnp.max(jnp.abs(base(tokens)[0] - want))) > 1e-3
   diff = jnp.abs(testing.hf_logits(testing.load_hf_torch(out), tokens) - want)
   assert float(jnp.max(diff)) <= 1e-4

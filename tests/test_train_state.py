@@ -2,6 +2,8 @@
 train (RL update and SFT step, one device and 8), are checkpointed and restored onto the base, and the KL
 reference is the base itself."""
 
+import dataclasses
+
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -168,7 +170,8 @@ def test_restore_puts_the_adapters_back_onto_the_base(tmp_path):
                                      OPT, mesh, micro_batch_size=4, logits_chunk_size=16)
   state, _ = update(state, _batch(0), jax.random.key(0))
   ckpt.save(1, {"train": train_state.checkpointed(state), "rng": rng},
-            metadata=train_state.checkpoint_metadata(block, init_key, LORA))
+            metadata={"model_config": dataclasses.asdict(model_cfg),  # as the trainers record it
+                      **train_state.checkpoint_metadata(block, init_key, LORA)})
   ckpt.close()
   want = jax.tree.map(np.asarray, state)
 
@@ -190,6 +193,15 @@ def test_restore_puts_the_adapters_back_onto_the_base(tmp_path):
   plain = checkpoint.load_model(tmp_path / "ckpt", model_cfg, mesh)
   assert not nnx.state(plain, nnx.LoRAParam)
   assert float(jnp.max(jnp.abs(testing.jit_forward(plain)(tokens)[0] - adapted))) <= 2e-5
+  # A `model` block naming the checkpoint (an eval or a later stage) loads the same model through the checkpoint
+  # module; `models.loading` does not read our checkpoints and says where they are read.
+  named = loading.model_block(checkpoint=str(tmp_path / "ckpt"), tokenizer_path=testing.tiny_tokenizer_dir())
+  assert checkpoint.tokenizer_and_config(named)[1] == model_cfg
+  by_block = checkpoint.load_policy(named, mesh, jax.random.key(9))[1]
+  for a, b in zip(jax.tree.leaves(nnx.state(by_block)), jax.tree.leaves(nnx.state(plain))):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+  with pytest.raises(ValueError, match="agentrl_jax.checkpoint"):
+    loading.tokenizer_and_config(named)
 
 
 def test_reference_policy_with_lora_is_the_base_without_a_copy():

@@ -17,6 +17,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from agentrl_jax import checkpoint as ckpt_lib
 from agentrl_jax.models import attention_kernels, loading, memory_plan
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
@@ -110,7 +111,7 @@ _REAL_SIZES = ("qwen3_0p6b", "qwen3_1p7b", "qwen3_4b", "qwen3_8b", "qwen2p5_7b")
 
 def tokenizer_and_config(block: ml_collections.ConfigDict, t: Target) -> tuple[object, ModelConfig, str]:
   """The tokenizer and `ModelConfig` a run of the `model` block would build on the slice, and where they came
-  from. As `models.loading.tokenizer_and_config`, with "auto" resolved for the target chip (bfloat16 compute;
+  from. As `checkpoint.tokenizer_and_config`, with "auto" resolved for the target chip (bfloat16 compute;
   the attention kernels that compile for it). A real size with no checkpoint, HF directory or tokenizer on this
   host (the usual pre-flight: the weights live elsewhere) takes the published config and the real Qwen
   tokenizer (`models.qwen_tokenizer`, no download)."""
@@ -120,7 +121,7 @@ def tokenizer_and_config(block: ml_collections.ConfigDict, t: Target) -> tuple[o
   overrides = loading.config_overrides(block, backend="tpu")
   tok_path = block.get("tokenizer_path") or block.get("hf_path")
   if block.get("checkpoint") or (block.get("hf_path") and os.path.isdir(block.hf_path)):
-    tokenizer, cfg = loading.tokenizer_and_config(embedded_tokenizer.fill_model_block(block), overrides=overrides)
+    tokenizer, cfg = ckpt_lib.tokenizer_and_config(embedded_tokenizer.fill_model_block(block), overrides=overrides)
     source = f"checkpoint {block.checkpoint}" if block.get("checkpoint") else f"HF directory {block.hf_path}"
   elif block.get("size") in _REAL_SIZES:
     family = "qwen2.5" if block.size.startswith("qwen2") else "qwen3"
@@ -128,7 +129,7 @@ def tokenizer_and_config(block: ml_collections.ConfigDict, t: Target) -> tuple[o
     cfg = ModelConfig.by_name(block.size, **overrides)
     source = f"size {block.size} (published config; weights not read)"
   else:
-    tokenizer, cfg = loading.tokenizer_and_config(embedded_tokenizer.fill_model_block(block), overrides=overrides)
+    tokenizer, cfg = ckpt_lib.tokenizer_and_config(embedded_tokenizer.fill_model_block(block), overrides=overrides)
     source = f"size {block.get('size')} (random init)"
   if block.get("attention_impl") == "auto":
     cfg = cfg.replace(attention_impl=attention_kernels.auto_impl("tpu", device=t.devices[0], head_dim=cfg.head_dim))

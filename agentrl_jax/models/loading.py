@@ -5,6 +5,8 @@ The block's fields (all jobs use the same ones):
     size            a `ModelConfig` size name (`tiny_qwen3`, `qwen3_4b`, ...) for random init (tests, benchmarks)
     hf_path         a local HF checkpoint directory (config.json + safetensors); wins over `size`
     checkpoint      an Orbax checkpoint directory of one of our runs (`<workdir>/checkpoints`); wins over both
+                    (read by `agentrl_jax.checkpoint.load_policy` / `tokenizer_and_config`, which call this module
+                    for everything else: the models package does not read our checkpoints)
     checkpoint_step which step of `checkpoint` (0 = the latest)
     tokenizer_path  tokenizer directory; default `hf_path` (the jobs fill in the embedded task's tokenizer when
                     both are empty: `agentrl_jax.tasks.tokenizer.fill_model_block`)
@@ -23,7 +25,6 @@ The block's fields (all jobs use the same ones):
 from __future__ import annotations
 
 import logging
-import os
 
 from flax import nnx
 import jax
@@ -58,30 +59,29 @@ def config_overrides(m: ml_collections.ConfigDict, backend: str | None = None) -
   return overrides
 
 
-def tokenizer_and_config(m: ml_collections.ConfigDict, overrides: dict | None = None):
+def tokenizer_and_config(m: ml_collections.ConfigDict, overrides: dict | None = None, *,
+                         stored: ModelConfig | None = None):
   """The tokenizer and the `ModelConfig` the block describes (nothing is allocated); `overrides` default to
-  `config_overrides(m)` on this process's backend."""
+  `config_overrides(m)` on this process's backend. `stored`: the config a checkpoint of ours recorded, for a
+  block that names one (`agentrl_jax.checkpoint.tokenizer_and_config` passes it)."""
   overrides = config_overrides(m) if overrides is None else overrides
-  tokenizer, cfg = _tokenizer_and_config(m, overrides)
-  if m.get("attention_impl") == "auto":
-    cfg = cfg.replace(attention_impl=attention_kernels.auto_impl(head_dim=cfg.head_dim))
-  return tokenizer, cfg
-
-
-def _tokenizer_and_config(m: ml_collections.ConfigDict, overrides: dict):
   tok_path = m.get("tokenizer_path") or m.get("hf_path")
   if not tok_path:
     raise ValueError("model.tokenizer_path and model.hf_path are both empty: no tokenizer to load (the jobs "
                      "default to the embedded task's tokenizer: agentrl_jax.tasks.tokenizer.fill_model_block)")
   tokenizer = tok_lib.load_tokenizer(tok_path)
-  if m.get("checkpoint"):
-    from agentrl_jax import checkpoint as ckpt_lib
-
-    return tokenizer, ckpt_lib.model_config_of(m.checkpoint, step=m.get("checkpoint_step") or None).replace(
-        **overrides)
-  if m.get("hf_path"):
-    return tokenizer, ModelConfig.from_hf_config(m.hf_path, **overrides)
-  return tokenizer, ModelConfig.by_name(m.size, vocab_size=len(tokenizer), **overrides)
+  if stored is not None:
+    cfg = stored.replace(**overrides)
+  elif m.get("checkpoint"):
+    raise ValueError(f"model.checkpoint={m.checkpoint!r}: a checkpoint of ours is read by "
+                     "agentrl_jax.checkpoint.tokenizer_and_config / load_policy")
+  elif m.get("hf_path"):
+    cfg = ModelConfig.from_hf_config(m.hf_path, **overrides)
+  else:
+    cfg = ModelConfig.by_name(m.size, vocab_size=len(tokenizer), **overrides)
+  if m.get("attention_impl") == "auto":
+    cfg = cfg.replace(attention_impl=attention_kernels.auto_impl(head_dim=cfg.head_dim))
+  return tokenizer, cfg
 
 
 def init_model(cfg: ModelConfig, key: jax.Array, mesh: jax.sharding.Mesh) -> Qwen:
@@ -99,26 +99,23 @@ def init_params_fn(cfg: ModelConfig, mesh: jax.sharding.Mesh):
   return graphdef, jax.jit(lambda k: nnx.state(Qwen(cfg, rngs=nnx.Rngs(params=k))), out_shardings=shardings)
 
 
-def load_params_from_checkpoint(path: str | os.PathLike, cfg: ModelConfig, mesh: jax.sharding.Mesh, *,
-                                step: int | None = None) -> Qwen:
-  """The model with params restored from one of our Orbax checkpoints (`checkpoint.load_model`)."""
-  from agentrl_jax import checkpoint as ckpt_lib
-
-  return ckpt_lib.load_model(path, cfg, mesh, step=step)
-
-
 def load_policy(m: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, key: jax.Array):
-  """(tokenizer, model) for a `model` config block, with params placed in their shardings on `mesh`."""
+  """(tokenizer, model) for a `model` config block naming an HF directory or a size (random init), with params
+  placed in their shardings on `mesh`; a block naming a checkpoint of ours goes through
+  `agentrl_jax.checkpoint.load_policy`."""
   tokenizer, cfg = tokenizer_and_config(m)
-  if m.get("checkpoint"):
-    model = load_params_from_checkpoint(m.checkpoint, cfg, mesh, step=m.get("checkpoint_step") or None)
-    source = f"checkpoint {m.checkpoint}"
-  elif m.get("hf_path"):
+  if m.get("hf_path"):
     model = hf_io.load_hf_checkpoint(m.hf_path, cfg, mesh=mesh)
     source = f"HF directory {m.hf_path}"
   else:
     model = init_model(cfg, key, mesh)
     source = f"random init ({m.size})"
+  return checked(tokenizer, model, cfg, source)
+
+
+def checked(tokenizer, model: Qwen, cfg: ModelConfig, source: str):
+  """(tokenizer, model) once the tokenizer is known to fit the model's vocabulary; logs where the params came
+  from."""
   if len(tokenizer) > cfg.vocab_size:
     raise ValueError(f"model.tokenizer_path: tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
                      f"{cfg.vocab_size}")

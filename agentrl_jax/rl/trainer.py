@@ -44,7 +44,6 @@ from agentrl_jax import checkpoint as ckpt_lib
 from agentrl_jax import compile_stats, data, metrics_writer, multihost, rewards
 from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.evaluation import runner as eval_runner
-from agentrl_jax.models import loading
 from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.rl import advantages as adv_lib
@@ -141,7 +140,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
               "infra_failures": 0, "nonfinite_steps": 0, "stale_dropped": 0, "aborted_groups": 0}
   max_infra_frac, max_nonfinite = rl.max_infra_failure_frac, rl.max_consecutive_nonfinite_steps
   model_block = embedded_tokenizer.fill_model_block(config.model)
-  tokenizer, model_cfg = loading.tokenizer_and_config(model_block)
+  tokenizer, model_cfg = ckpt_lib.tokenizer_and_config(model_block)
   lora = lora_lib.LoraConfig.from_block(config.get("lora"))  # rank 0: full fine-tuning
   graphdef, state, rng, step, restored_meta = train_state_lib.init_or_restore_train_state(
       ckpt, model_block, model_cfg, opt_cfg, mesh, root_key=root, init_key=init_key, data_iterator=data_iter,

@@ -21,9 +21,9 @@ from flax import nnx
 import jax
 import ml_collections
 
+from agentrl_jax import checkpoint as ckpt_lib
 from agentrl_jax import data, multihost, rewards
 from agentrl_jax.data.records import PromptRecord
-from agentrl_jax.models import loading
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rollout import engine as engine_lib
@@ -85,7 +85,7 @@ def sampling_job(config: ml_collections.ConfigDict, *, temperature: float, top_p
   root = jax.random.key(config.seed)
   init_key, sample_key = jax.random.split(root)
   mesh = sharding_lib.mesh_from_config(config.mesh)
-  tokenizer, model = loading.load_policy(embedded_tokenizer.fill_model_block(config.model), mesh, init_key)
+  tokenizer, model = ckpt_lib.load_policy(embedded_tokenizer.fill_model_block(config.model), mesh, init_key)
   graphdef, params = nnx.split(model)
   executor = tool_executors.make_executor(engine_lib.tool_config(config.tools))
   try:

@@ -30,7 +30,7 @@ from agentrl_jax import checkpoint as ckpt_lib
 from agentrl_jax import data
 from agentrl_jax import compile_stats, metrics_writer, multihost
 from agentrl_jax import train_state as train_state_lib
-from agentrl_jax.models import hf_io, loading
+from agentrl_jax.models import hf_io
 from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.sft import step as step_lib
@@ -50,7 +50,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   init_key, _ = jax.random.split(root)  # named keys: init; SFT has nothing stochastic beyond the data order
   mesh = sharding_lib.mesh_from_config(config.mesh)
   model_block = embedded_tokenizer.fill_model_block(config.model)
-  tokenizer, model_cfg = loading.tokenizer_and_config(model_block)
+  tokenizer, model_cfg = ckpt_lib.tokenizer_and_config(model_block)
   log.info("sft: %s (%s params) on mesh %s", model_cfg.family, f"{model_cfg.param_count():,}", dict(mesh.shape))
 
   # ---------------------------------------------------------------------------------------------- data
