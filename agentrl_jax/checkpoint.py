@@ -371,7 +371,7 @@ def load_policy(m, mesh: jax.sharding.Mesh, key: jax.Array):
     return loading.load_policy(m, mesh, key)
   tokenizer, cfg = tokenizer_and_config(m)
   model = load_model(m.checkpoint, cfg, mesh, step=m.get("checkpoint_step") or None)
-  return loading.checked(tokenizer, model, cfg, f"checkpoint {m.checkpoint}")
+  return loading.checked(tokenizer, model, f"checkpoint {m.checkpoint}")
 
 
 def export_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *, step: int | None = None,

@@ -43,8 +43,9 @@ from agentrl_jax.sampling.sampler import make_sampler
 
 def _random_b(params: nnx.State, key: jax.Array) -> nnx.State:
   def one(path, v):
-    if isinstance(v, nnx.LoRAParam) and "_lora_b_" in jax.tree_util.keystr(path):
-      return v.replace(0.02 * jax.random.normal(jax.random.fold_in(key, zlib.crc32(jax.tree_util.keystr(path).encode()) % 997),
+    name = jax.tree_util.keystr(path)
+    if isinstance(v, nnx.LoRAParam) and "_lora_b_" in name:
+      return v.replace(0.02 * jax.random.normal(jax.random.fold_in(key, zlib.crc32(name.encode()) % 997),
                                                 v.get_value().shape))
     return v
 

@@ -110,12 +110,13 @@ def load_policy(m: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, key: jax.
   else:
     model = init_model(cfg, key, mesh)
     source = f"random init ({m.size})"
-  return checked(tokenizer, model, cfg, source)
+  return checked(tokenizer, model, source)
 
 
-def checked(tokenizer, model: Qwen, cfg: ModelConfig, source: str):
+def checked(tokenizer, model: Qwen, source: str):
   """(tokenizer, model) once the tokenizer is known to fit the model's vocabulary; logs where the params came
   from."""
+  cfg = model.cfg
   if len(tokenizer) > cfg.vocab_size:
     raise ValueError(f"model.tokenizer_path: tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
                      f"{cfg.vocab_size}")
