@@ -157,8 +157,20 @@ class Attention(nnx.Module):
     else:
       out = attention_kernels.causal_blocked_attention(qg, k, v, mask_bts, scale, cfg.attention_block)
     out = out.reshape(b, t, cfg.num_heads, cfg.head_dim)
-    out = lora_lib.add(self, "o", jnp.einsum("BTNH,NHD->BTD", out, self.o_nhd[...].astype(dt)), out, dropout_key)
+    out = lora_lib.add(self, "o", _output_projection(out, self.o_nhd[...].astype(dt)), out, dropout_key)
     return shard(out, ("batch", "seq", "act_embed")), new_cache
+
+
+def _output_projection(out_btnh: Float[Array, "B T N H"], o_nhd: Array) -> Float[Array, "B T D"]:
+  """The attention output projection. On XLA:CPU one contraction over the flattened heads: contracting (N, H) as
+  two dimensions, XLA:CPU orders them (H, N) inside the decode loop and copies the whole weight into that order on
+  every step (58M benchmark model: 8 copies of 1 MiB a step). Other platforms keep the two-dimension form, whose
+  TPU programs the pre-flight measured (the flattened form grew the recipe's extend program's code and compile
+  time there); chosen by the platform compiled for, as the attention reductions are."""
+  if attention_kernels.target_platform() != "cpu":
+    return jnp.einsum("BTNH,NHD->BTD", out_btnh, o_nhd)
+  b, t, n, h = out_btnh.shape
+  return jnp.einsum("BTF,FD->BTD", out_btnh.reshape(b, t, n * h), o_nhd.reshape(n * h, o_nhd.shape[-1]))
 
 
 @jax.custom_vjp

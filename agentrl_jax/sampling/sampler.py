@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import weakref
 from typing import Any, Callable
 
 import flax.struct
@@ -343,6 +344,7 @@ def decode(
     state: SamplingState,
     max_steps: Int[Array, ""],
     min_tool_stops: Int[Array, ""],
+    layer_parts: list[nnx.State] | None = None,
 ) -> tuple[SamplingState, Segment]:
   """Decodes active rows one token per step in a `lax.while_loop`.
 
@@ -350,15 +352,19 @@ def decode(
   `min_tool_stops` rows have paused at a tool call during this call (so the host can start their tools while
   the other rows keep decoding in the next call). Inactive rows ride along (static batch) without advancing.
 
+  With the per-layer form (`carry_per_layer`), `layer_parts` are the layers' weights already split off the
+  stack (`unstack_layers(params["layers"])`, made once per weight version by `Sampler.decode`); None: split in
+  this call.
+
   Returns:
     `(state, Segment)`; the segment holds this call's tokens.
   """
   TRACE_COUNTS["decode"] += 1
   with sharding_lib.rows_layout():  # rows whole on one device, as the cache holds them (sharding.rows_layout)
-    return _decode(graphdef, sampling, params, state, max_steps, min_tool_stops)
+    return _decode(graphdef, sampling, params, state, max_steps, min_tool_stops, layer_parts)
 
 
-def _decode(graphdef, sampling, params, state, max_steps, min_tool_stops):
+def _decode(graphdef, sampling, params, state, max_steps, min_tool_stops, layer_parts):
   per_layer = carry_per_layer(state.cache)
   model = nnx.merge(graphdef, params)
   b, seg = state.batch, sampling.segment_len
@@ -409,10 +415,12 @@ def _decode(graphdef, sampling, params, state, max_steps, min_tool_stops):
   out0 = Segment(tokens=jnp.zeros((b, seg), jnp.int32), logp_raw=zeros_f, logp_sample=zeros_f,
                  num=jnp.zeros((b,), jnp.int32), stop_reason=state.stop_reason, active=state.active,
                  lengths=state.cache.lengths, steps=state.steps)
-  layer_parts = None
   if per_layer:  # the loop reads each layer's cache and weights in place (`carry_per_layer`)
     state = state.replace(cache=state.cache.per_layer())
-    layer_parts = unstack_layers(params["layers"], model.cfg.num_layers)
+    if layer_parts is None:
+      layer_parts = unstack_layers(params["layers"], model.cfg.num_layers)
+  else:
+    layer_parts = None
   final = jax.lax.while_loop(cond, body, Carry(state, out0, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)))
   s = final.s
   if per_layer:
@@ -422,6 +430,32 @@ def _decode(graphdef, sampling, params, state, max_steps, min_tool_stops):
 
 
 # --------------------------------------------------------------------------- compiled entry points
+class _LayerParts:
+  """The layers' weights split off the stack once per weight version, for the per-layer decode form
+  (`carry_per_layer`): a split inside each decode call is a copy of every layer's weights per call (on XLA:CPU,
+  slower per byte than the steps' own reads; 58M model at B=16: ~25 ms of a 64-step call). Kept for the params
+  whose `layers` leaves were split last (compared by identity: a new weight version is new arrays), so decode
+  calls between two weight updates share one split; the previous version's parts are dropped before the next
+  split. Costs one extra copy of the layer weights while the sampler holds them."""
+
+  def __init__(self, split: Callable[[nnx.State], list[nnx.State]]):
+    self._split = split
+    self._refs: list[weakref.ref] | None = None
+    self._parts: list[nnx.State] | None = None
+    self.splits = 0  # weight versions split so far (tests and benchmarks)
+
+  def __call__(self, params: nnx.State) -> list[nnx.State]:
+    leaves = jax.tree.leaves(params["layers"])
+    refs = self._refs
+    if refs is not None and len(refs) == len(leaves) and all(r() is x for r, x in zip(refs, leaves)):
+      return self._parts
+    self._refs = self._parts = None
+    self._parts = self._split(params["layers"])
+    self._refs = [weakref.ref(x) for x in leaves]
+    self.splits += 1
+    return self._parts
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampler:
   """The jitted sampler functions for one model graph, sampling config, batch size and mesh.
@@ -441,6 +475,8 @@ class Sampler:
   grow: Callable[..., SamplingState]
   reset_rows: Callable[..., SamplingState] | None = None
   param_shardings: Any = None
+  layer_parts: Any = None
+  """`_LayerParts`: the per-layer weights `decode` reads on XLA:CPU, split once per weight version."""
   jitted: dict[str, Any] = dataclasses.field(default_factory=dict)
   """The jitted functions behind the entry points (`prefill_groups` as `n -> jitted`), for ahead-of-time
   compilation (`agentrl_jax.aot`): `jitted["decode"].trace(*abstract args)` under `jax.set_mesh(mesh)`."""
@@ -504,6 +540,7 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
   if batch < 1:
     raise ValueError(f"make_sampler: batch must be >= 1, got {batch}")
   g = functools.partial
+  split_layers = g(unstack_layers, num_layers=model_cfg.num_layers)
   fns = dict(
       prefill_groups=lambda n: g(prefill_groups, graphdef, sampling, n),
       extend=lambda: g(extend, graphdef, sampling),
@@ -518,6 +555,8 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
     jit_prefill = functools.cache(lambda n: jax.jit(fns["prefill_groups"](n), donate_argnums=(1,)))
     jit_extend = jax.jit(fns["extend"](), donate_argnums=(1,), compiler_options=cached_opts)
     jit_decode = jax.jit(fns["decode"](), donate_argnums=(1,), compiler_options=cached_opts)
+    jit_decode_parts = jit_decode  # called with the split layer weights as a fifth argument
+    jit_split = jax.jit(split_layers)
     jit_grow = jax.jit(grow, static_argnums=(1,))  # no donation: the padded cache cannot reuse the smaller buffer
     jit_reset = jax.jit(reset_rows, donate_argnums=(0,))
     jit_init = jax.jit(init_state, static_argnums=(0, 1, 2), static_argnames=("forced_len",))
@@ -552,6 +591,12 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
                          out_shardings=(sst, None), compiler_options=cached_opts)
     jit_decode = jax.jit(fns["decode"](), donate_argnums=(1,), in_shardings=(param_sh, sst, rep, rep),
                          out_shardings=(sst, seg_sh()), compiler_options=cached_opts)
+    # A layer's part of a stacked weight keeps the stacked weight's sharding of its other axes.
+    part_sh = jax.tree.map(lambda sh: jax.sharding.NamedSharding(mesh, jax.P(*sh.spec[1:])), param_sh["layers"])
+    parts_sh = [part_sh] * model_cfg.num_layers
+    jit_decode_parts = jax.jit(fns["decode"](), donate_argnums=(1,), in_shardings=(param_sh, sst, rep, rep, parts_sh),
+                               out_shardings=(sst, seg_sh()), compiler_options=cached_opts)
+    jit_split = jax.jit(split_layers, in_shardings=(param_sh["layers"],), out_shardings=parts_sh)
     jit_grow = jax.jit(grow, static_argnums=(1,), in_shardings=(sst,), out_shardings=sst)
     jit_reset = jax.jit(reset_rows, donate_argnums=(0,), in_shardings=(sst, rep), out_shardings=sst)
     jit_init = jax.jit(init_state, static_argnums=(0, 1, 2), static_argnames=("forced_len",), out_shardings=sst)
@@ -560,12 +605,19 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
       with jax.set_mesh(mesh):
         return f(*a, **k)
 
+  layer_parts = _LayerParts(lambda layers: run(jit_split, layers))
+
+  def decode_call(params, state, max_steps, min_tool_stops):
+    if carry_per_layer(state.cache):
+      return run(jit_decode_parts, params, state, max_steps, min_tool_stops, layer_parts(params))
+    return run(jit_decode, params, state, max_steps, min_tool_stops)
+
   return Sampler(
       model_cfg=model_cfg, sampling=sampling, batch=batch, n_forced=n_forced, mesh=mesh, param_shardings=param_sh,
       init=lambda capacity, key: run(jit_init, model_cfg, batch, capacity, key, forced_len=n_forced),
       prefill_groups=lambda n, *a: run(jit_prefill(n), *a),
       extend=lambda *a: run(jit_extend, *a),
-      decode=lambda *a: run(jit_decode, *a),
+      decode=decode_call, layer_parts=layer_parts,
       grow=lambda state, capacity: run(jit_grow, state, capacity),
       reset_rows=lambda state, rows: run(jit_reset, state, rows),
       jitted={"init": jit_init, "prefill_groups": jit_prefill, "extend": jit_extend, "decode": jit_decode,

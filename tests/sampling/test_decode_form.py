@@ -4,6 +4,7 @@ Issue 32: with a layer's weights sliced out of the stacked parameters inside the
 them (read, write, read again), which cost the 58M benchmark model a third of its decode speed. The weights are
 split once per call; the check reads the optimized program, so it holds on any machine."""
 
+import dataclasses
 import re
 
 from flax import nnx
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 
 from agentrl_jax import testing
 from agentrl_jax.models import attention_kernels
-from agentrl_jax.sampling import sampler as sampler_lib
+from agentrl_jax.sampling import generate as generate_lib, sampler as sampler_lib
 from agentrl_jax.sampling.config import SamplingConfig
 
 
@@ -48,3 +49,57 @@ def test_decode_on_cpu_splits_the_layer_weights_once_per_call_not_per_step():
   # ... and the split happens outside the loop, once per call.
   assert any(re.search(r'op_name="jit\(decode\)/split', line) and any(f" = {s}" in line for s in weights)
              for line in hlo.splitlines())
+
+
+def _weight_sizes(params):
+  """Element counts of the per-layer weight matrices (the size of any copy of one, whatever its layout)."""
+  return {int(leaf[0].size) for leaf in jax.tree.leaves(params["layers"]) if leaf.ndim >= 3}
+
+
+def test_decode_loop_copies_no_weight_in_any_layout():
+  """No step copies a weight into another layout either: the attention output projection, written as a
+  contraction over (heads, head_dim), had XLA:CPU transpose the whole `o` weight to (head_dim, heads) order
+  on every step (one `copy` fusion per layer per step); one contraction over the flattened heads reads it in
+  place."""
+  model = testing.tiny_model()
+  hlo, params = _decode_hlo(model)
+  sizes = _weight_sizes(params)
+  in_loop = [line for line in hlo.splitlines() if "/while/body/" in line or "fusion(%get-tuple-element" in line]
+  copies = []
+  for line in in_loop:
+    m = re.match(r"\s*%(\S*copy\S*) = f32\[([\d,]+)\]", line)
+    if m and _prod(m.group(2)) in sizes:
+      copies.append(line.strip()[:160])
+  assert not copies, copies
+
+
+def _prod(dims: str) -> int:
+  out = 1
+  for d in dims.split(","):
+    out *= int(d)
+  return out
+
+
+def test_layer_weights_split_once_per_weight_version():
+  """`Sampler.decode` splits the layers' weights once per weight version (new arrays), not once per call, and
+  draws exactly what a decode splitting them inside the call draws."""
+  model = testing.tiny_model()
+  graphdef, params = nnx.split(model)
+  s = sampler_lib.make_sampler(graphdef, model.cfg, SamplingConfig(segment_len=4), batch=2)
+  in_call = dataclasses.replace(s, decode=lambda *a: s.jitted["decode"](*a))  # no fifth argument: split inside
+  prompts = [[1, 2, 3], [4, 5]]
+
+  def run(sampler, p):
+    out = generate_lib.generate(sampler, p, prompts, key=jax.random.key(0), max_new_tokens=10)
+    return [list(map(int, t)) for t in out.tokens], [list(map(float, x)) for x in out.logp_raw]
+
+  first = run(s, params)  # three decode calls
+  assert s.layer_parts.splits == 1
+  assert run(s, params) == first and s.layer_parts.splits == 1  # same arrays: the parts are reused
+  assert run(in_call, params) == first
+
+  updated = jax.tree.map(lambda x: x * 1.5, params)  # a new weight version
+  moved = run(s, updated)
+  assert s.layer_parts.splits == 2
+  assert moved == run(in_call, updated)
+  assert moved != first  # the new weights were used, not the parts of the old ones
