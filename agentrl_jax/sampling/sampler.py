@@ -311,9 +311,10 @@ FORCE_CARRY: str | None = None
 
 
 def carry_per_layer(cache) -> bool:
-  """Whether `decode`'s loop carries the cache one array per layer (`KVCache.per_layer`) and reads each layer's
-  weights from copies split off the stack once per call (`_restacked`), instead of slicing layer i out of the
-  stacked cache and weights on every step.
+  """Whether `decode`'s loop carries the cache one array per layer (`KVCache.per_layer`, split once per call)
+  and reads each layer's weights from copies split off the stack once per weight version (`_LayerParts`, passed
+  in by `Sampler.decode`; `_restacked`), instead of slicing layer i out of the stacked cache and weights on every
+  step.
 
   Decided by what the compiler is given, the platform: on XLA:CPU a slice out of a stacked array inside the loop
   is a copy (the decode step's reductions and XLA's dots do not read through it), so every step copied each
