@@ -12,7 +12,9 @@ temperature 1 with no top-k/top-p, no stop token (every row draws all 256), floa
 return per-token log-probs; HF does not (less work for HF).
 
 Each round, interleaved so all sides see the same machine load: matmul peak, memory bandwidth, ours, HF,
-Tunix. Compilation/warm-up happens before the rounds. torch runs with whichever of 1 thread or its default
+Tunix. Compilation/warm-up happens before the rounds; so does, on XLA:CPU, the one split of the layers' weights
+our decode makes per weight version (`sampling.sampler._LayerParts`: a rollout pays it once per update, as the
+rounds' generate calls all use one version). torch runs with whichever of 1 thread or its default
 thread count is faster on a short calibration (on a shared 2-core machine, torch's 2 OpenMP threads spin
 against other processes: 15x slower here), reported as hf_threads.
 
