@@ -68,6 +68,8 @@ class Check:
   context: int = 1
   lora_rank: int = 0
   kv_cache_dtype: str = ""
+  train_fits: bool = True  # False: the compiler refused the update; compiled_train is what its verdict said it needs
+  rollout_fits: bool = True
 
   @property
   def train_ratio(self) -> float:
@@ -135,7 +137,7 @@ def check(model: str, slice_name: str, *, context: int = 1, lora_rank: int = 0, 
                plan_activations=(p.activations_remat + p.gradients) / GIB, compiled_temp=u.temp_gib, rows=rows,
                plan_rollout=p.rollout_total / GIB, compiled_rollout=d.hbm_gib, hbm=hbm / GIB,
                update_compile_cpu_s=u.compile_cpu_s, decode_compile_cpu_s=d.compile_cpu_s, context=context,
-               lora_rank=lora_rank, kv_cache_dtype=kv_cache_dtype)
+               lora_rank=lora_rank, kv_cache_dtype=kv_cache_dtype, train_fits=u.fits, rollout_fits=d.fits)
 
 
 def layout_checks() -> list[Check]:
@@ -164,10 +166,14 @@ def format_checks(checks: list[Check]) -> str:
   for c in checks:
     layout = ", ".join([f"context {c.context}"] * (c.context > 1) + [f"LoRA {c.lora_rank}"] * (c.lora_rank > 0)
                        + [f"{c.kv_cache_dtype} cache"] * bool(c.kv_cache_dtype)) or "FSDP"
+    # A program the compiler refused: its verdict's bytes (after the compiler's own rematerialisation under
+    # pressure), with no breakdown.
+    refused = lambda fits: "" if fits else ", the compiler: does not fit"  # noqa: E731
+    state = (f"{c.plan_state:.1f} / {c.compiled_state:.1f} | {c.plan_activations:.1f} / {c.compiled_temp:.1f}"
+             if c.train_fits else f"{c.plan_state:.1f} / - | {c.plan_activations:.1f} / -")
     lines.append(f"| {c.model} | {c.slice} ({c.chips}) | {layout} | {c.plan_train:.1f} / {c.compiled_train:.1f} "
-                 f"({c.train_ratio:.2f}) | {c.plan_state:.1f} / {c.compiled_state:.1f} | {c.plan_activations:.1f} / "
-                 f"{c.compiled_temp:.1f} | {c.rows} | {c.plan_rollout:.1f} / {c.compiled_rollout:.1f} "
-                 f"({c.rollout_ratio:.2f}) | {c.hbm:.0f} |")
+                 f"({c.train_ratio:.2f}{refused(c.train_fits)}) | {state} | {c.rows} | {c.plan_rollout:.1f} / "
+                 f"{c.compiled_rollout:.1f} ({c.rollout_ratio:.2f}{refused(c.rollout_fits)}) | {c.hbm:.0f} |")
   return "\n".join(lines)
 
 

@@ -3,9 +3,12 @@ argument sets its layout, whose rows split evenly over the slice, and the memory
 to the TPU compiler's numbers by `aot.memory_check`) fits its update and its rollout in the usable HBM of a chip.
 The compiler's own verdicts are the README's table (`python -m agentrl_jax.aot`, too slow for the default suite)."""
 
+import dataclasses
+
 import pytest
 
 from agentrl_jax import testing
+from agentrl_jax.aot.memory_check import Check, format_checks
 from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import memory_plan
 from agentrl_jax.models.config import ModelConfig
@@ -43,3 +46,17 @@ def test_an_unknown_argument_names_the_known_ones():
     testing.load_config("demystify_qwen3_4b", "v4")
   with pytest.raises(ValueError, match="no layout"):
     recipe.for_slice(recipe.rl_config(), "qwen3_8b", "v5e")
+
+
+def test_memory_check_names_a_program_the_compiler_refused():
+  """A refused update (the compiler's out-of-memory verdict) is said to be one in the table, with no breakdown of
+  arguments and temporaries the compiler never gave."""
+  refused = Check(model="qwen2p5_7b", slice="v5e-16", chips=16, plan_train=29.8, compiled_train=18.9, plan_state=5.3,
+                  compiled_state=0.0, plan_activations=24.4, compiled_temp=0.0, rows=80, plan_rollout=13.4,
+                  compiled_rollout=13.4, hbm=16.0, update_compile_cpu_s=1.0, decode_compile_cpu_s=1.0,
+                  train_fits=False)
+  fits = dataclasses.replace(refused, compiled_train=29.0, compiled_state=5.3, compiled_temp=23.0, train_fits=True)
+  table = format_checks([refused, fits]).splitlines()
+  assert "29.8 / 18.9 (0.63, the compiler: does not fit) | 5.3 / - | 24.4 / - |" in table[2]
+  assert "29.8 / 29.0 (0.97) | 5.3 / 5.3 | 24.4 / 23.0 |" in table[3]
+  assert "does not fit" not in table[3]
