@@ -7,7 +7,9 @@ recomputed. Only the first `chunk_lengths[b]` tokens of a row's chunk count: the
 slots that the next chunk overwrites.
 
 Every array holds all layers, row by row (`[B, L, ...]`), as the model stacks its layer parameters: a scanned
-decoder carries the whole cache through its layers and writes each layer's chunk in place. Rows outermost is
+decoder carries the whole cache through its layers and writes each layer's chunk in place. On XLA:CPU the
+sampler keeps one `[B, 1, ...]` array per layer instead (`KVCache.per_layer`, `sampling.sampler.cache_per_layer`):
+there a layer sliced out of the stacked array is a copy. Rows outermost is
 the layout the TPU compiler keeps inside the decode loop (with the layers outermost it copied the whole cache
 into that order on every decode call, and back), and it keeps a row's cache in one piece for the row moves
 (`select_rows`, `put_rows`).
@@ -52,14 +54,20 @@ class KVCache:
   lengths: Int[Array, "B"]
 
   @classmethod
-  def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+  def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None, *, per_layer: bool = False) -> KVCache:
     """An empty cache for `batch` rows of up to `max_len` tokens each (dtype: `cfg.kv_cache_dtype`, by default
-    the compute dtype)."""
+    the compute dtype); `per_layer`: one `[B, 1, ...]` array per layer instead of the stacked arrays (the form
+    a sampler on XLA:CPU keeps between calls: `sampling.sampler.cache_per_layer`)."""
     dtype = dtype or cfg.jnp_kv_dtype
-    k_shape = (batch, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_len)
-    v_shape = (batch, cfg.num_layers, cfg.num_kv_heads, max_len, cfg.head_dim)
-    zeros = lambda shape, axes: sharding.shard(jnp.zeros(shape, dtype), axes)
-    return cls(k=zeros(k_shape, K_AXES), v=zeros(v_shape, V_AXES), lengths=jnp.zeros((batch,), jnp.int32))
+    layers = 1 if per_layer else cfg.num_layers
+    k_shape = (batch, layers, cfg.num_kv_heads, cfg.head_dim, max_len)
+    v_shape = (batch, layers, cfg.num_kv_heads, max_len, cfg.head_dim)
+    zeros = lambda shape, axes: sharding.shard(jnp.zeros(shape, dtype), axes)  # noqa: E731
+    lengths = jnp.zeros((batch,), jnp.int32)
+    if per_layer:
+      return cls(k=tuple(zeros(k_shape, K_AXES) for _ in range(cfg.num_layers)),
+                 v=tuple(zeros(v_shape, V_AXES) for _ in range(cfg.num_layers)), lengths=lengths)
+    return cls(k=zeros(k_shape, K_AXES), v=zeros(v_shape, V_AXES), lengths=lengths)
 
   @property
   def batch(self) -> int:
@@ -81,12 +89,18 @@ class KVCache:
     """The arrays as the model's attention takes them: `(k, v)`, stacked or one `[B, 1, ...]` array per layer."""
     return self.k, self.v
 
+  @property
+  def is_per_layer(self) -> bool:
+    """True when the cache holds one `[B, 1, ...]` array per layer (`per_layer`)."""
+    return isinstance(self.k, tuple)
+
   def per_layer(self) -> KVCache:
-    """The same cache with one `[B, 1, ...]` array per layer (a copy): a loop of many steps carries it so that
-    each step reads its layers' caches in place. On XLA:CPU a layer sliced out of the stacked array each step
-    is a copy of that layer's cache (the decode step's reductions cannot absorb the slice): one split and one
-    `stacked` per decode call instead of a copy of the cache every step. `sampling.sampler.carry_per_layer`
-    says when the decode loop uses it (with the layers' weights split once per call as well)."""
+    """The same cache with one `[B, 1, ...]` array per layer (a copy; the cache itself when it is per layer
+    already). On XLA:CPU a layer sliced out of the stacked array is a copy of that layer's cache (the decode
+    step's reductions cannot read through the slice), in every step of a loop that slices it, so a sampler on
+    XLA:CPU keeps its cache in this form (`sampling.sampler.cache_per_layer`)."""
+    if self.is_per_layer:
+      return self
     split = lambda x: tuple(x[:, i:i + 1] for i in range(x.shape[LAYER_AXIS]))  # noqa: E731
     return self.replace(k=split(self.k), v=split(self.v))
 
@@ -108,7 +122,11 @@ class KVCache:
 
   def token_major(self, layer: int) -> tuple[jax.Array, jax.Array]:
     """Layer `layer`'s keys and values as `[B, S, K, H]` (for tests and inspection; copies)."""
-    return jnp.transpose(self.k[:, layer], (0, 3, 1, 2)), jnp.transpose(self.v[:, layer], (0, 2, 1, 3))
+    if self.is_per_layer:
+      k, v = self.k[layer][:, 0], self.v[layer][:, 0]
+    else:
+      k, v = self.k[:, layer], self.v[:, layer]
+    return jnp.transpose(k, (0, 3, 1, 2)), jnp.transpose(v, (0, 2, 1, 3))
 
   def grow(self, capacity: int) -> KVCache:
     """Pads every row to `capacity` slots (the new slots are empty)."""
@@ -120,16 +138,20 @@ class KVCache:
       widths = [(0, pad if i == seq_axis else 0) for i in range(x.ndim)]
       return sharding.shard(jnp.pad(x, widths), axes)
 
-    return self.replace(k=pad_seq(self.k, K_SEQ_AXIS, K_AXES), v=pad_seq(self.v, V_SEQ_AXIS, V_AXES))
+    return self.replace(k=jax.tree.map(lambda x: pad_seq(x, K_SEQ_AXIS, K_AXES), self.k),
+                        v=jax.tree.map(lambda x: pad_seq(x, V_SEQ_AXIS, V_AXES), self.v))
 
   def put_rows(self, rows: Int[Array, "R"], other: KVCache) -> KVCache:
     """Writes `other`'s R rows into row slots `rows` (index >= B drops the row): slots `[0, other.max_len)` of
-    each row are replaced, later slots are kept, and the rows' lengths become `other`'s."""
+    each row are replaced, later slots are kept, and the rows' lengths become `other`'s. Both caches have the
+    same form (stacked or per layer)."""
     t = other.max_len
+    if other.is_per_layer != self.is_per_layer:
+      raise ValueError("KVCache.put_rows: both caches must be stacked, or both per layer")
     rows, other = _two_rows_at_least(rows, other, self.batch)
-    k = self.k.at[rows, :, :, :, :t].set(other.k.astype(self.k.dtype), mode="drop")
-    v = self.v.at[rows, :, :, :t].set(other.v.astype(self.v.dtype), mode="drop")
-    return self.replace(k=sharding.shard(k, K_AXES), v=sharding.shard(v, V_AXES),
+    put_k = lambda x, o: sharding.shard(x.at[rows, :, :, :, :t].set(o.astype(x.dtype), mode="drop"), K_AXES)  # noqa: E731
+    put_v = lambda x, o: sharding.shard(x.at[rows, :, :, :t].set(o.astype(x.dtype), mode="drop"), V_AXES)  # noqa: E731
+    return self.replace(k=jax.tree.map(put_k, self.k, other.k), v=jax.tree.map(put_v, self.v, other.v),
                         lengths=self.lengths.at[rows].set(other.lengths, mode="drop"))
 
 
@@ -279,7 +301,10 @@ def write_chunk_paged(cache_kv: jax.Array, new_k: jax.Array, new_v: jax.Array, l
   return _write_rows(cache_kv, chunk, lengths, layer, put)
 
 
-def make_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache | PagedKVCache:
-  """The cache layout the model's attention reads: paged for `attention_impl="ragged_paged"`, else `KVCache`."""
-  cls = PagedKVCache if cfg.attention_impl == "ragged_paged" else KVCache
-  return cls.init(cfg, batch, max_len, dtype)
+def make_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None, *, per_layer: bool = False
+               ) -> KVCache | PagedKVCache:
+  """The cache layout the model's attention reads: paged for `attention_impl="ragged_paged"`, else `KVCache`
+  (one array per layer with `per_layer`: `KVCache.init`)."""
+  if cfg.attention_impl == "ragged_paged":
+    return PagedKVCache.init(cfg, batch, max_len, dtype)
+  return KVCache.init(cfg, batch, max_len, dtype, per_layer=per_layer)

@@ -111,7 +111,7 @@ def init_state(cfg: ModelConfig, batch: int, capacity: int, key: jax.Array, *, f
     forced_len: F > 0 enables teacher forcing (per-row forced tokens per turn, for scripted policies).
   """
   return SamplingState(
-      cache=make_cache(cfg, batch, capacity),
+      cache=make_cache(cfg, batch, capacity, per_layer=cache_per_layer(cfg)),
       last_token=jnp.zeros((batch,), jnp.int32),
       active=jnp.zeros((batch,), jnp.bool_),
       stop_reason=jnp.full((batch,), int(StopReason.END), jnp.int32),
@@ -235,7 +235,7 @@ def prefill_groups(
   TRACE_COUNTS["prefill_groups"] += 1
   model = nnx.merge(graphdef, params)
   p, t = tokens.shape
-  small = make_cache(model.cfg, p, t, dtype=state.cache.dtype)
+  small = make_cache(model.cfg, p, t, dtype=state.cache.dtype, per_layer=getattr(state.cache, "is_per_layer", False))
   hidden, small = model(tokens, cache=small, chunk_lengths=lengths, return_hidden=True)
   logits = model.unembed(_last_hidden(hidden, lengths))  # [P, V]: one unembed per prompt, not per token
   rows = jnp.repeat(jnp.arange(p), n)
@@ -310,9 +310,24 @@ def _extend(graphdef, sampling, params, state, rows, chunk, chunk_lengths, final
 FORCE_CARRY: str | None = None
 
 
+def cache_per_layer(cfg: ModelConfig) -> bool:
+  """Whether the sampler keeps its KV cache one array per layer (`KVCache.per_layer`) between calls, rather than
+  as the stacked arrays: on XLA:CPU (`carry_per_layer`), where decode carries that form through its loop, so
+  that no call splits the cache at its start and restacks it at its end (two copies of the whole cache a call),
+  and extend reads each layer's cache in place instead of slicing it out of the stack. Prefill, extend, grow
+  and the row moves take either form. bench.rollout's default loop (bench_5m, 64 rows growing to ~1,100 tokens),
+  alternating on an idle host: a round 24.3 / 24.0 -> 23.2 / 23.1 s, its compile 10.3 / 10.4 -> 9.5 / 9.5 s.
+  Decided by the platform compiled for, as `carry_per_layer` is; the paged cache stays stacked."""
+  if cfg.attention_impl == "ragged_paged":
+    return False
+  if FORCE_CARRY is not None:
+    return FORCE_CARRY == "per_layer"
+  return attention_kernels.target_platform() == "cpu"
+
+
 def carry_per_layer(cache) -> bool:
-  """Whether `decode`'s loop carries the cache one array per layer (`KVCache.per_layer`, split once per call)
-  and reads each layer's weights from copies split off the stack once per weight version (`_LayerParts`, passed
+  """Whether `decode`'s loop carries the cache one array per layer (`KVCache.per_layer`: as the sampler keeps it
+  on XLA:CPU, `cache_per_layer`; a stacked cache is split at the call's start and restacked at its end) and reads each layer's weights from copies split off the stack once per weight version (`_LayerParts`, passed
   in by `Sampler.decode`; `_restacked`), instead of slicing layer i out of the stacked cache and weights on every
   step.
 
@@ -325,6 +340,8 @@ def carry_per_layer(cache) -> bool:
   calls, 2 cores under a load of ~20), stacked and scanned / per-layer cache with the weights sliced each step
   (2246f40) / this form: bench_58m B=16 at capacity 320, 163 / 189 / 158 ms; bench_5m, 7.2 / 5.5 / 4.9 ms; the
   main job's demo_1m, B=128 at capacity 224, 7.2 / 5.6 / 4.5 ms."""
+  if isinstance(cache, KVCache) and cache.is_per_layer:
+    return True
   if FORCE_CARRY is not None:
     return FORCE_CARRY == "per_layer"
   return isinstance(cache, KVCache) and attention_kernels.target_platform() == "cpu"
@@ -416,6 +433,7 @@ def _decode(graphdef, sampling, params, state, max_steps, min_tool_stops, layer_
   out0 = Segment(tokens=jnp.zeros((b, seg), jnp.int32), logp_raw=zeros_f, logp_sample=zeros_f,
                  num=jnp.zeros((b,), jnp.int32), stop_reason=state.stop_reason, active=state.active,
                  lengths=state.cache.lengths, steps=state.steps)
+  restack = per_layer and not state.cache.is_per_layer  # a stacked cache in (`cache_per_layer` False) goes out so
   if per_layer:  # the loop reads each layer's cache and weights in place (`carry_per_layer`)
     state = state.replace(cache=state.cache.per_layer())
     if layer_parts is None:
@@ -424,7 +442,7 @@ def _decode(graphdef, sampling, params, state, max_steps, min_tool_stops, layer_
     layer_parts = None
   final = jax.lax.while_loop(cond, body, Carry(state, out0, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)))
   s = final.s
-  if per_layer:
+  if restack:
     s = s.replace(cache=s.cache.stacked())
   out = final.out.replace(stop_reason=s.stop_reason, active=s.active, lengths=s.cache.lengths, steps=s.steps)
   return s, out

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from agentrl_jax import testing
 from agentrl_jax.models import attention_kernels
+from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.sampling import generate as generate_lib, sampler as sampler_lib
 from agentrl_jax.sampling.config import SamplingConfig
 
@@ -97,3 +98,35 @@ def test_layer_weights_split_once_per_weight_version():
   assert s.layer_parts.splits == 2
   assert moved == run(in_call, updated)
   assert moved != first  # the new weights were used, not the parts of the old ones
+
+
+def test_cpu_sampler_keeps_the_cache_per_layer_between_calls():
+  """On XLA:CPU the sampler's cache is one array per layer from `init` on (`sampler.cache_per_layer`), so no
+  decode call splits a stacked cache at its start or restacks it at its end (two copies of the whole cache a
+  call): the compiled decode program holds no array of the stacked cache's shape. The draws are those of a
+  stacked cache that each call splits and restacks."""
+  model = testing.tiny_model(ModelConfig.tiny_qwen3(num_layers=3))  # 3 layers: no other array has the cache's shape
+  cfg = model.cfg
+  assert sampler_lib.cache_per_layer(cfg)
+  hlo, _ = _decode_hlo(model, batch=3, capacity=40)
+  stacked = {f"f32[3,{cfg.num_layers},{cfg.num_kv_heads},{cfg.head_dim},40]",
+             f"f32[3,{cfg.num_layers},{cfg.num_kv_heads},40,{cfg.head_dim}]"}
+  per_layer = {s.replace(f"[3,{cfg.num_layers},", "[3,1,") for s in stacked}
+  assert any(s in hlo for s in per_layer), "the per-layer cache arrays are not in the program"
+  found = [line.strip()[:160] for line in hlo.splitlines() if any(f" = {s}" in line for s in stacked)]
+  assert not found, found
+
+  graphdef, params = nnx.split(model)
+  s = sampler_lib.make_sampler(graphdef, cfg, SamplingConfig(segment_len=4), batch=2)
+  state = s.init(16, jax.random.key(0))
+  assert len(jax.tree.leaves(state.cache.k)) == cfg.num_layers
+  assert all(k.shape == (2, 1, cfg.num_kv_heads, cfg.head_dim, 16) for k in state.cache.k)
+  with_stacked = dataclasses.replace(s, init=lambda cap, key: (lambda st: st.replace(cache=st.cache.stacked()))(
+      s.init(cap, key)))
+  prompts = [[1, 2, 3], [4, 5]]
+
+  def run(sampler):
+    out = generate_lib.generate(sampler, params, prompts, key=jax.random.key(0), max_new_tokens=10)
+    return [list(map(int, t)) for t in out.tokens], [list(map(float, x)) for x in out.logp_raw]
+
+  assert run(s) == run(with_stacked)
