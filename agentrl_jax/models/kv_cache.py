@@ -149,8 +149,13 @@ class KVCache:
     if other.is_per_layer != self.is_per_layer:
       raise ValueError("KVCache.put_rows: both caches must be stacked, or both per layer")
     rows, other = _two_rows_at_least(rows, other, self.batch)
-    put_k = lambda x, o: sharding.shard(x.at[rows, :, :, :, :t].set(o.astype(x.dtype), mode="drop"), K_AXES)  # noqa: E731
-    put_v = lambda x, o: sharding.shard(x.at[rows, :, :, :t].set(o.astype(x.dtype), mode="drop"), V_AXES)  # noqa: E731
+
+    def put_k(x, o):
+      return sharding.shard(x.at[rows, :, :, :, :t].set(o.astype(x.dtype), mode="drop"), K_AXES)
+
+    def put_v(x, o):
+      return sharding.shard(x.at[rows, :, :, :t].set(o.astype(x.dtype), mode="drop"), V_AXES)
+
     return self.replace(k=jax.tree.map(put_k, self.k, other.k), v=jax.tree.map(put_v, self.v, other.v),
                         lengths=self.lengths.at[rows].set(other.lengths, mode="drop"))
 

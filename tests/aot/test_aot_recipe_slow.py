@@ -1,8 +1,9 @@
 """The recipe's real programs through the TPU compiler (slow: minutes of CPU each): every program of the
 Qwen3-4B RL and SFT configs compiles for a v5p-16 slice (v5p:2x2x2), fits its HBM, and stays within the
-compile budget (update step <= 120 CPU s, each rollout and scoring program <= 60 CPU s, a config's programs
-together <= 10 minutes); every per-slice layout (`configs/demystify_*.py:v5e` / `:v6e`) compiles and fits its
-slice, and the memory plan stays within 10% of the compiler there too.
+compile budget (the RL update <= 100 CPU s, the SFT step <= 120, each rollout and scoring program <= 60 CPU s,
+a config's programs together <= 10 minutes); every per-slice layout (`configs/demystify_*.py:v5e` / `:v6e`)
+compiles and fits its slice, and the memory plan stays within 10% of the compiler there too (an overshoot
+allowed: `test_the_memory_plan_agrees_with_the_compiler_on_the_slice_layouts`).
 
     python -m pytest -m slow tests/aot/test_aot_recipe_slow.py
 """
@@ -13,10 +14,12 @@ from agentrl_jax import aot, testing
 
 pytestmark = pytest.mark.slow
 TOPOLOGY = "v5p:2x2x2"
-# The budget holds on an idle host; CPU seconds grow with the host's load (cache and core sharing): the update's
-# compile measured 113-174 s here for a 120 s budget. The check allows that spread and no more, so a program
-# that breaks the budget on an idle host still fails and a loaded CI host does not fail one that meets it.
+# The budget holds on an idle host (2026-12-05: the RL update 63 CPU s, the SFT step 53, no other program above
+# 21, the RL config 168 s); CPU seconds grow with the host's load (cache and core sharing): the same update
+# measured 113-174 s at loads of 5-25. The check allows half again, so a program that breaks the budget on an
+# idle host still fails and a CI host running two test workers does not fail one that meets it.
 LOAD_MARGIN = 1.5
+LIMITS = {"rl/update": 100, "sft/step": 120}  # CPU s on an idle host; every other program: 60
 
 
 def _cost(r):
@@ -27,7 +30,7 @@ def _cost(r):
 def _check_budget(report):
   for r in report["programs"]:
     assert r["fits"], r
-    limit = 120 if r["program"] in ("rl/update", "sft/step") else 60
+    limit = LIMITS.get(r["program"], 60)
     assert _cost(r) <= limit * LOAD_MARGIN, r
   assert sum(_cost(r) for r in report["programs"]) <= 600 * LOAD_MARGIN
 
