@@ -5,9 +5,9 @@ Run (local paths; nothing downloads):
       --config.model.hf_path=/data/Qwen2.5-7B-sft --config.data.train_path=/data/rl_30k.parquet
 Per slice family (the default is a v5p layout; each is checked by `python -m agentrl_jax.aot --config=...:v5e
 --topology=v5e:4x4`, see the README's table):
-  :v5e  v5e-16: LoRA rank 64 (learning rate 1e-5), each 23,040-token row split over 2 chips (context
-        parallelism), 8-row micro-batches, 96 rollout rows
-  :v6e  v6e-16: the same with 256 rollout rows
+  :v5e  v5e-16: LoRA rank 64 (learning rate 1e-5), each 23,040-token row split over 4 chips (context
+        parallelism), 4-row micro-batches, 96 rollout rows
+  :v6e  v6e-16: LoRA rank 64, rows split over 2 chips, 8-row micro-batches, 256 rollout rows
 Smoke (CPU): --config=configs/demystify_qwen2p5_7b.py:smoke (a tiny Qwen2-family model)
 
 The recipe's constants are those of configs/demystify_qwen3_4b.py (agentrl_jax/rl/recipe.py); only the model

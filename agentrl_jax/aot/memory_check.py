@@ -1,7 +1,7 @@
 """The memory plan (`models.memory_plan`) against the TPU compiler's own plan of the same programs.
 
     python -m agentrl_jax.aot.memory_check [--models qwen3_4b,qwen2p5_7b] [--slices v5e-16,v5p-16,v6e-16] [--json]
-        [--context 2] [--lora-rank 64] [--kv-cache-dtype float8_e4m3fn]
+        [--context 2] [--lora-rank 64] [--kv-cache-dtype float8_e4m3fn] [--seq 23040]
     python -m agentrl_jax.aot.memory_check --layouts   # the recipe's per-slice layouts (configs/*.py:v5e, :v6e)
 
 For each model and slice, at the recipe's context (prompt 2,560 + response 20,480 = 23,040 tokens), bf16 compute
@@ -38,7 +38,8 @@ from agentrl_jax import train_state as train_state_lib
 from agentrl_jax.rl import update as update_lib
 from agentrl_jax.rollout.config import RolloutConfig
 
-SEQ = 2560 + 20480
+PROMPT = 2560
+SEQ = PROMPT + 20480
 # Slices by their Cloud TPU names and the topology libtpu describes them by.
 SLICES = {"v5e-16": "v5e:4x4", "v5p-16": "v5p:2x2x2", "v6e-16": "v6e:4x4", "v5e-8": "v5e:2x4", "v6e-8": "v6e:2x4",
           "v5p-32": "v5p:2x2x4", "v5e-64": "v5e:8x8", "v6e-64": "v6e:8x8"}
@@ -81,7 +82,7 @@ class Check:
 
 
 def check(model: str, slice_name: str, *, context: int = 1, lora_rank: int = 0, kv_cache_dtype: str = "",
-          rows: int = 0) -> Check:
+          rows: int = 0, seq: int = SEQ) -> Check:
   """Compiles the update and a decode segment of `model` for `slice_name`; the plan's numbers beside them.
 
   Args:
@@ -89,7 +90,10 @@ def check(model: str, slice_name: str, *, context: int = 1, lora_rank: int = 0, 
     lora_rank: LoRA adapters of this rank (alpha 2 x rank) on every projection; 0: full fine-tuning.
     kv_cache_dtype: the rollout cache's storage ("": bf16).
     rows: rollout rows (0: as many as the plan fits).
+    seq: tokens of a training row and of a rollout row (the prompt's 2,560 and the response's rest).
   """
+  if seq <= PROMPT + 128:
+    raise ValueError(f"memory_check: seq={seq} leaves no response after the {PROMPT}-token prompt")
   t = target_lib.target(SLICES[slice_name])
   chips, hbm = memory_plan.parse_slice(slice_name)
   cfg = ModelConfig.by_name(model, param_dtype="float32", dtype="bfloat16", remat=True,
@@ -97,7 +101,7 @@ def check(model: str, slice_name: str, *, context: int = 1, lora_rank: int = 0, 
   mesh = sharding_lib.make_mesh(1, -1, 1, devices=list(t.devices), context=context)
   batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]  # training rows: one per row shard
   lora = lora_lib.LoraConfig(rank=lora_rank, alpha=2.0 * lora_rank) if lora_rank else None
-  plan = functools.partial(memory_plan.plan, cfg, chips=chips, hbm=hbm, seq=SEQ, micro_rows=1, context=context,
+  plan = functools.partial(memory_plan.plan, cfg, chips=chips, hbm=hbm, seq=seq, micro_rows=1, context=context,
                            lora=lora)
   rows = rows or max(plan(rows=256).rollout_rows_fit, chips)
   p = plan(rows=rows)
@@ -110,11 +114,11 @@ def check(model: str, slice_name: str, *, context: int = 1, lora_rank: int = 0, 
   # Two micro-batches of packed rows, as the recipe's update runs them (a gradient accumulator beside each
   # micro-batch's gradients; positions and segment ids).
   rows_b = 2 * batch_devices
-  spec = lambda dtype: jax.ShapeDtypeStruct((rows_b, SEQ), dtype, sharding=update_lib.batch_sharding(mesh))  # noqa
+  spec = lambda dtype: jax.ShapeDtypeStruct((rows_b, seq), dtype, sharding=update_lib.batch_sharding(mesh))  # noqa
   batch = {"tokens": spec(jnp.int32), "loss_mask": spec(jnp.float32), "advantages": spec(jnp.float32),
            "old_logp": spec(jnp.float32), "positions": spec(jnp.int32), "segment_ids": spec(jnp.int32)}
-  fl, hb = programs_lib.train_work(cfg, rows_b, SEQ, backward=True)
-  upd = programs_lib.Program("rl/update", f"B={rows_b} T={SEQ} packed",
+  fl, hb = programs_lib.train_work(cfg, rows_b, seq, backward=True)
+  upd = programs_lib.Program("rl/update", f"B={rows_b} T={seq} packed",
                              programs_lib._lowering(update, mesh, state, batch,  # pylint: disable=protected-access
                                                     jax.ShapeDtypeStruct((), jax.random.key(0).dtype)),
                              fl, hb, mesh.size)
@@ -122,7 +126,8 @@ def check(model: str, slice_name: str, *, context: int = 1, lora_rank: int = 0, 
 
   # The rollout: the trainer's state resident (its params read in place, or with LoRA a merged compute-dtype copy
   # as the sampler's argument: `train_state.sampler_policy`), the cache of `rows` full rows.
-  rcfg = RolloutConfig(batch_size=rows, max_prompt_len=2560, prompt_bucket_min=2560, max_response_len=20480 - 65,
+  rcfg = RolloutConfig(batch_size=rows, max_prompt_len=PROMPT, prompt_bucket_min=PROMPT,
+                       max_response_len=seq - PROMPT - 65,
                        pad_prefill_groups=True, extend_rows=0)
   tok = qwen_tokenizer.load("qwen2.5" if model.startswith("qwen2") else "qwen3")
   sgraphdef, to_sampler = train_state_lib.sampler_policy(graphdef, state.params, mesh)
@@ -184,6 +189,7 @@ def main(argv=None) -> list[Check]:
   ap.add_argument("--context", type=int, default=1, help="chips each training row's tokens are split over")
   ap.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank (0: full fine-tuning)")
   ap.add_argument("--kv-cache-dtype", default="", help="the rollout cache's storage, e.g. float8_e4m3fn")
+  ap.add_argument("--seq", type=int, default=SEQ, help="tokens a row (the recipe's 23,040 by default)")
   ap.add_argument("--layouts", action="store_true",
                   help="check the recipe's per-slice layouts (rl.recipe.SLICE_LAYOUTS) instead")
   ap.add_argument("--json", action="store_true")
@@ -192,7 +198,7 @@ def main(argv=None) -> list[Check]:
   for model in [] if args.layouts else args.models.split(","):
     for s in args.slices.split(","):
       checks.append(check(model, s, context=args.context, lora_rank=args.lora_rank,
-                          kv_cache_dtype=args.kv_cache_dtype))
+                          kv_cache_dtype=args.kv_cache_dtype, seq=args.seq))
       print(f"  checked {model} on {s}", file=sys.stderr, flush=True)
   out = [dict(dataclasses.asdict(c), train_ratio=c.train_ratio, rollout_ratio=c.rollout_ratio) for c in checks]
   print(json.dumps(out) if args.json else format_checks(checks))

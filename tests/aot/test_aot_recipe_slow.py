@@ -76,14 +76,15 @@ def test_each_slice_layout_compiles_and_fits_its_slice(size, family):
 
 
 def test_the_memory_plan_agrees_with_the_compiler_on_the_slice_layouts():
-  """Context parallelism, LoRA (its merged bf16 sampler copy) and the float8 cache, as the layouts use them.
+  """Context parallelism, LoRA (its merged bf16 sampler copy) and the float8 cache, as the layouts use them:
+  within 10% for the update and the decode program of every layout.
 
-  The plan never falls more than 10% short of the compiler. It may overshoot by up to 20%: for Qwen2.5-7B on a
-  v5e-16 (14.7 GiB planned, 12.1 compiled) the compiler keeps 2 GiB fewer activations a chip than on a v6e-16
-  with the same layout (its own rematerialisation under the smaller HBM), which a count of what autodiff saves
-  cannot foresee."""
+  The layouts keep the update clear of the chip's HBM, where the compiler plans what autodiff's residuals and the
+  backward working set add up to. Near the HBM it squeezes that working set instead (Qwen2.5-7B on a v5e-16 with
+  each row over 2 chips: 14.7 GiB planned, 12.1 compiled, 13.8 for the same layout on a v6e-16), which is why that
+  layout splits each row over 4."""
   from agentrl_jax.aot import memory_check
 
   for c in memory_check.layout_checks():
-    assert 0.8 <= c.train_ratio <= 1.1, c
+    assert 0.9 <= c.train_ratio <= 1.1, c
     assert 0.9 <= c.rollout_ratio <= 1.1, c

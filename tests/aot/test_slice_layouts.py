@@ -34,9 +34,10 @@ def test_each_slice_layout_fits_the_memory_plan(size, family):
   p = memory_plan.plan(cfg, chips=chips, hbm=hbm, seq=seq, rows=config.rollout.batch_size,
                        context=layout["context"], micro_rows=1, lora=lora)
   usable = memory_plan.USABLE_HBM * hbm
-  # The update within the chip: the plan overshoots the compiler for LoRA on a v5e (Qwen2.5-7B: 14.7 GiB planned,
-  # 12.1 compiled; the compiler's verdict is tests/aot/test_aot_recipe_slow.py's), so not held to 90% here.
-  assert p.train_total <= hbm, (p.train_total / 2**30, hbm / 2**30)
+  # The update within the usable HBM, where the compiler plans what the plan counts (within 10%: the compiler's
+  # verdict is tests/aot/test_aot_recipe_slow.py's); a layout closer to the chip's HBM gets its backward pass
+  # squeezed by the compiler, as Qwen2.5-7B's v5e update was with each row over 2 chips.
+  assert p.train_total <= usable, (p.train_total / 2**30, usable / 2**30)
   assert p.rollout_total <= usable, (p.rollout_total / 2**30, usable / 2**30)
   assert p.rollout_rows_fit >= config.rollout.batch_size
 
