@@ -260,6 +260,11 @@ class PagedKVCache:
   def dtype(self):
     return self.kv.dtype
 
+  @property
+  def is_per_layer(self) -> bool:
+    """Always False: the paged cache stays one stacked array (the ragged paged kernel reads it so)."""
+    return False
+
   def page_indices(self, layer: int = 0) -> Int[Array, "B P"]:
     """The page table of layer `layer`: row b's pages of that layer, in order."""
     return static_page_table(self.batch, self.max_len // self.page_size, self.kv.shape[LAYER_AXIS], layer)

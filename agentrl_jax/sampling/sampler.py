@@ -235,7 +235,7 @@ def prefill_groups(
   TRACE_COUNTS["prefill_groups"] += 1
   model = nnx.merge(graphdef, params)
   p, t = tokens.shape
-  small = make_cache(model.cfg, p, t, dtype=state.cache.dtype, per_layer=getattr(state.cache, "is_per_layer", False))
+  small = make_cache(model.cfg, p, t, dtype=state.cache.dtype, per_layer=state.cache.is_per_layer)
   hidden, small = model(tokens, cache=small, chunk_lengths=lengths, return_hidden=True)
   logits = model.unembed(_last_hidden(hidden, lengths))  # [P, V]: one unembed per prompt, not per token
   rows = jnp.repeat(jnp.arange(p), n)
@@ -319,8 +319,12 @@ def cache_per_layer(cfg: ModelConfig) -> bool:
   alternating on an idle host: a round 24.3 / 24.0 -> 23.2 / 23.1 s, its compile 10.3 / 10.4 -> 9.5 / 9.5 s; its
   overlap mode (202 decode calls a round) 1.34 -> 2.06 episodes a second.
   Decided by the platform compiled for, as `carry_per_layer` is; the paged cache stays stacked."""
-  if cfg.attention_impl == "ragged_paged":
-    return False
+  return cfg.attention_impl != "ragged_paged" and _per_layer_platform()
+
+
+def _per_layer_platform() -> bool:
+  """The platform rule `cache_per_layer` and `carry_per_layer` share: XLA:CPU (or `FORCE_CARRY`, set to time the
+  forms side by side)."""
   if FORCE_CARRY is not None:
     return FORCE_CARRY == "per_layer"
   return attention_kernels.target_platform() == "cpu"
@@ -344,9 +348,9 @@ def carry_per_layer(cache) -> bool:
   main job's demo_1m, B=128 at capacity 224, 7.2 / 5.6 / 4.5 ms."""
   if isinstance(cache, KVCache) and cache.is_per_layer:
     return True
-  if FORCE_CARRY is not None:
+  if FORCE_CARRY is not None:  # either form forced, whatever the cache's class
     return FORCE_CARRY == "per_layer"
-  return isinstance(cache, KVCache) and attention_kernels.target_platform() == "cpu"
+  return isinstance(cache, KVCache) and _per_layer_platform()
 
 
 def _restacked(params: nnx.State, layer_parts: list[nnx.State]) -> nnx.State:
