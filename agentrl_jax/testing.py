@@ -1,17 +1,15 @@
 """The one testing helper: tiny models, a tiny tokenizer and random-weight HF checkpoints, built locally.
 
-Used by the tests, the benchmarks and the CPU demo; nothing here downloads anything.
+Used by the tests and the notebooks; production code (the package, its benchmarks and jobs) never imports it: the
+helpers they share live in `models.tokenizer` and `models.hf_io` and are re-exported here. Nothing here downloads
+anything.
 """
 
 from __future__ import annotations
 
-import atexit
 import functools
-import json
 import os
 import re
-import shutil
-import tempfile
 
 from flax import nnx
 import jax
@@ -22,18 +20,10 @@ from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.qwen import Qwen
 
-
-@functools.cache
-def tiny_tokenizer_dir(vocab_size: int = 512) -> str:
-  """Builds (once per process) the tiny BPE tokenizer with Qwen's special tokens; returns its directory."""
-  out = tempfile.mkdtemp(prefix=f"agentrl_jax_tiny_tokenizer_{vocab_size}_")
-  atexit.register(shutil.rmtree, out, ignore_errors=True)
-  tokenizer_lib.build_tiny_tokenizer(out, vocab_size=vocab_size)
-  return out
-
-
-def tiny_tokenizer(vocab_size: int = 512):
-  return tokenizer_lib.load_tokenizer(tiny_tokenizer_dir(vocab_size))
+# Built by production modules (the benchmarks use them too, and production code never imports this module).
+tiny_tokenizer_dir = tokenizer_lib.tiny_tokenizer_dir
+tiny_tokenizer = tokenizer_lib.tiny_tokenizer
+save_random_hf_checkpoint = hf_io.save_random_checkpoint
 
 
 def tiny_model(cfg: ModelConfig | None = None, seed: int = 0) -> Qwen:
@@ -50,35 +40,6 @@ def jit_forward(model: Qwen):
     return nnx.merge(graphdef, state)(tokens, **kwargs)
 
   return lambda tokens, **kwargs: forward(state, tokens, **kwargs)
-
-
-def save_random_hf_checkpoint(cfg: ModelConfig, out_dir: str | os.PathLike, seed: int = 0,
-                              max_shard_size: str | None = None) -> str:
-  """Creates a random-weight HF model with `transformers` (torch CPU) and saves it to `out_dir`.
-
-  Norm weights and biases are randomised too (HF initialises them to ones/zeros), so parity tests exercise
-  every parameter. Requires torch (a test-only dependency).
-  """
-  import torch
-  import transformers
-
-  out_dir = os.fspath(out_dir)
-  os.makedirs(out_dir, exist_ok=True)
-  hf_cfg = cfg.to_hf_config()
-  with open(os.path.join(out_dir, "config.json"), "w") as f:
-    json.dump(hf_cfg, f)
-  torch.manual_seed(seed)
-  model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(out_dir),
-                                                        dtype=torch.float32)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if name.endswith("norm.weight"):
-        p.copy_(1.0 + 0.1 * torch.randn_like(p))
-      elif name.endswith(".bias"):
-        p.copy_(0.1 * torch.randn_like(p))
-  kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
-  model.save_pretrained(out_dir, safe_serialization=True, **kwargs)
-  return out_dir
 
 
 def load_hf_torch(path: str | os.PathLike):

@@ -37,11 +37,11 @@ from flax import nnx
 import jax
 import numpy as np
 
-from agentrl_jax import testing
 from agentrl_jax.bench import common
 from agentrl_jax.bench.rollout import make_workload, tool_output
 from agentrl_jax.data.records import PromptRecord
 from agentrl_jax.models import sharding
+from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.qwen import Qwen
 from agentrl_jax.rl import batch as batch_lib
@@ -99,7 +99,7 @@ def _records(p: int, step: int) -> list[PromptRecord]:
 
 def run(args) -> dict:
   cfg_m = getattr(ModelConfig, args.size)()
-  tok = testing.tiny_tokenizer()
+  tok = tokenizer_lib.tiny_tokenizer()
   steps_total = args.warmup + args.steps
   groups = args.prompts * (steps_total + 2)  # the stream admits up to max_staleness batches ahead
   prompts, scripts = make_workload(tok, groups, args.n, args.tool_turns, seed=0)

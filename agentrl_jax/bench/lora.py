@@ -30,10 +30,11 @@ from flax import nnx
 import jax
 import numpy as np
 
-from agentrl_jax import testing, train_state
+from agentrl_jax import train_state
 from agentrl_jax.bench import common
 from agentrl_jax.models import lora, sharding
 from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.qwen import Qwen
 from agentrl_jax.rl import losses
 from agentrl_jax.rl import update as update_lib
 from agentrl_jax.sampling import generate as generate_lib
@@ -73,9 +74,9 @@ def run_size(size: str, args) -> dict:
   cfg = ModelConfig.by_name(size)
   b, plen, new = args.batch, args.prompt_len, args.new_tokens
   lora_cfg = lora.LoraConfig(rank=args.rank, alpha=2.0 * args.rank)
-  base_model = testing.tiny_model(cfg, seed=args.seed)
+  base_model = Qwen(cfg, rngs=nnx.Rngs(args.seed))
   base_def, base_params = nnx.split(base_model)
-  adapted = lora.apply(testing.tiny_model(cfg, seed=args.seed), lora_cfg, jax.random.key(1))
+  adapted = lora.apply(Qwen(cfg, rngs=nnx.Rngs(args.seed)), lora_cfg, jax.random.key(1))
   lora_def, lora_params = nnx.split(adapted)
   lora_params = _random_b(lora_params, jax.random.key(2))
   merge = jax.jit(lambda p: lora.merge_params(lora_def, p)[1])
@@ -97,8 +98,8 @@ def run_size(size: str, args) -> dict:
            "loss_mask": np.ones((args.update_rows, t), np.float32),
            "advantages": rng.standard_normal(args.update_rows).astype(np.float32),
            "old_logp": np.full((args.update_rows, t), -3.0, np.float32)}
-  full_update = _update_timer(testing.tiny_model(cfg, seed=args.seed), batch, mesh)
-  lora_update = _update_timer(lora.apply(testing.tiny_model(cfg, seed=args.seed), lora_cfg, jax.random.key(1)),
+  full_update = _update_timer(Qwen(cfg, rngs=nnx.Rngs(args.seed)), batch, mesh)
+  lora_update = _update_timer(lora.apply(Qwen(cfg, rngs=nnx.Rngs(args.seed)), lora_cfg, jax.random.key(1)),
                               batch, mesh)
 
   common.log(f"[bench.lora] {size}: compiling")

@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl_jax import compile_stats, testing
+from agentrl_jax import compile_stats
 from agentrl_jax.bench import common, guard
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models.config import ModelConfig
@@ -184,7 +184,7 @@ def _turn_len(resp, tokenizer) -> int:
 
 def run(args) -> dict:
   cfg_model = ModelConfig.by_name(args.size)
-  tok = testing.tiny_tokenizer()
+  tok = tokenizer_lib.tiny_tokenizer()
   if cfg_model.vocab_size < len(tok):
     raise SystemExit(f"{args.size}: vocab {cfg_model.vocab_size} < tokenizer {len(tok)}")
   model = Qwen(cfg_model, rngs=nnx.Rngs(args.seed))

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl_jax import compile_stats, testing
+from agentrl_jax import compile_stats
 from agentrl_jax.bench import common, guard
 from agentrl_jax.models import attention_kernels, hf_io
 from agentrl_jax.models.config import ModelConfig
@@ -173,7 +173,7 @@ def run_size(size: str, args) -> dict:
   cfg = ModelConfig.by_name(size)
   b, plen, new = args.batch, args.prompt_len, args.new_tokens
   workdir = tempfile.mkdtemp(prefix=f"bench_sampler_{size}_")
-  hf_dir = testing.save_random_hf_checkpoint(cfg, os.path.join(workdir, "hf"), seed=args.seed)
+  hf_dir = hf_io.save_random_checkpoint(cfg, os.path.join(workdir, "hf"), seed=args.seed)
   prompts = np.random.default_rng(args.seed).integers(1, cfg.vocab_size, (b, plen)).astype(np.int32)
   prompts_path = os.path.join(workdir, "prompts.npy")
   np.save(prompts_path, prompts)

@@ -216,3 +216,32 @@ def export_hf(model: Qwen, out_dir: str | os.PathLike, *, dtype: str | None = No
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
       json.dump({k: v for k, v in gen.items() if v is not None}, f, indent=2)
   return out_dir
+
+
+def save_random_checkpoint(cfg: ModelConfig, out_dir: str | os.PathLike, seed: int = 0,
+                              max_shard_size: str | None = None) -> str:
+  """Creates a random-weight HF model with `transformers` (torch CPU) and saves it to `out_dir`.
+
+  Norm weights and biases are randomised too (HF initialises them to ones/zeros), so parity tests exercise
+  every parameter. Requires torch (a test-only dependency).
+  """
+  import torch
+  import transformers
+
+  out_dir = os.fspath(out_dir)
+  os.makedirs(out_dir, exist_ok=True)
+  hf_cfg = cfg.to_hf_config()
+  with open(os.path.join(out_dir, "config.json"), "w") as f:
+    json.dump(hf_cfg, f)
+  torch.manual_seed(seed)
+  model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(out_dir),
+                                                        dtype=torch.float32)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith("norm.weight"):
+        p.copy_(1.0 + 0.1 * torch.randn_like(p))
+      elif name.endswith(".bias"):
+        p.copy_(0.1 * torch.randn_like(p))
+  kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+  model.save_pretrained(out_dir, safe_serialization=True, **kwargs)
+  return out_dir

@@ -8,6 +8,8 @@ tool-call format, so the same code paths run on both.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import shutil
 import tempfile
@@ -194,3 +196,18 @@ def tool_response_text(tokenizer, contents: list[str]) -> str:
   if i < 0 or full.count(sentinel) != 1 or not full.startswith(IM_END, i + len(sentinel)):
     raise ValueError("chat template renders tool turns in a way tool_response_text cannot split")
   return full[i + len(sentinel):]
+
+
+@functools.cache
+def tiny_tokenizer_dir(vocab_size: int = 512) -> str:
+  """Builds (once per process) the tiny BPE tokenizer of `build_tiny_tokenizer` in a temporary directory (removed
+  at exit); returns the directory. For tests and benchmarks on random-weight models."""
+  out = tempfile.mkdtemp(prefix=f"agentrl_jax_tiny_tokenizer_{vocab_size}_")
+  atexit.register(shutil.rmtree, out, ignore_errors=True)
+  build_tiny_tokenizer(out, vocab_size=vocab_size)
+  return out
+
+
+def tiny_tokenizer(vocab_size: int = 512) -> transformers.PreTrainedTokenizerBase:
+  """The tokenizer of `tiny_tokenizer_dir`."""
+  return load_tokenizer(tiny_tokenizer_dir(vocab_size))

@@ -153,7 +153,7 @@ def encode_conversation(tokenizer, messages: Sequence[dict[str, Any]],
   """Tokens and assistant-only loss mask of one conversation.
 
   Args:
-    tokenizer: a HF tokenizer with a ChatML chat template (Qwen's, or `testing.tiny_tokenizer()`).
+    tokenizer: a HF tokenizer with a ChatML chat template (Qwen's, or `models.tokenizer.tiny_tokenizer()`).
     messages: system / user / assistant / tool messages; assistant messages may carry `tool_calls`.
     tools: JSON tool schemas rendered into the system turn.
     max_tokens: reject longer conversations (they would not fit a packed row).
