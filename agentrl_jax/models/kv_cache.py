@@ -8,7 +8,7 @@ slots that the next chunk overwrites.
 
 Every array holds all layers, row by row (`[B, L, ...]`), as the model stacks its layer parameters: a scanned
 decoder carries the whole cache through its layers and writes each layer's chunk in place. On XLA:CPU the
-sampler keeps one `[B, 1, ...]` array per layer instead (`KVCache.per_layer`, `sampling.sampler.cache_per_layer`):
+sampler keeps one `[B, 1, ...]` array per layer instead (`KVCache.per_layer`, `sampling.state.cache_per_layer`):
 there a layer sliced out of the stacked array is a copy. Rows outermost is
 the layout the TPU compiler keeps inside the decode loop (with the layers outermost it copied the whole cache
 into that order on every decode call, and back), and it keeps a row's cache in one piece for the row moves
@@ -57,7 +57,7 @@ class KVCache:
   def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None, *, per_layer: bool = False) -> KVCache:
     """An empty cache for `batch` rows of up to `max_len` tokens each (dtype: `cfg.kv_cache_dtype`, by default
     the compute dtype); `per_layer`: one `[B, 1, ...]` array per layer instead of the stacked arrays (the form
-    a sampler on XLA:CPU keeps between calls: `sampling.sampler.cache_per_layer`)."""
+    a sampler on XLA:CPU keeps between calls: `sampling.state.cache_per_layer`)."""
     dtype = dtype or cfg.jnp_kv_dtype
     layers = 1 if per_layer else cfg.num_layers
     k_shape = (batch, layers, cfg.num_kv_heads, cfg.head_dim, max_len)
@@ -98,7 +98,7 @@ class KVCache:
     """The same cache with one `[B, 1, ...]` array per layer (a copy; the cache itself when it is per layer
     already). On XLA:CPU a layer sliced out of the stacked array is a copy of that layer's cache (the decode
     step's reductions cannot read through the slice), in every step of a loop that slices it, so a sampler on
-    XLA:CPU keeps its cache in this form (`sampling.sampler.cache_per_layer`)."""
+    XLA:CPU keeps its cache in this form (`sampling.state.cache_per_layer`)."""
     if self.is_per_layer:
       return self
     split = lambda x: tuple(x[:, i:i + 1] for i in range(x.shape[LAYER_AXIS]))  # noqa: E731

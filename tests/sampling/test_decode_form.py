@@ -1,4 +1,4 @@
-"""The form of the decode loop XLA:CPU compiles (`sampler.carry_per_layer`): no step copies a layer's weights.
+"""The form of the decode loop XLA:CPU compiles (`sampling.state.carry_per_layer`): no step copies a layer's weights.
 
 Issue 32: with a layer's weights sliced out of the stacked parameters inside the loop, every decode step copied
 them (read, write, read again), which cost the 58M benchmark model a third of its decode speed. The weights are
@@ -101,7 +101,7 @@ def test_layer_weights_split_once_per_weight_version():
 
 
 def test_cpu_sampler_keeps_the_cache_per_layer_between_calls():
-  """On XLA:CPU the sampler's cache is one array per layer from `init` on (`sampler.cache_per_layer`), so no
+  """On XLA:CPU the sampler's cache is one array per layer from `init` on (`sampling.state.cache_per_layer`), so no
   decode call splits a stacked cache at its start or restacks it at its end (two copies of the whole cache a
   call): the compiled decode program holds no array of the stacked cache's shape. The draws are those of a
   stacked cache that each call splits and restacks."""

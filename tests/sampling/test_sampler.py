@@ -173,7 +173,7 @@ def test_donated_state_is_consumed():
   graphdef, params = nnx.split(model)
   sampler = make_sampler(graphdef, model.cfg, SamplingConfig(segment_len=4), batch=2)
   state = sampler.init(32, jax.random.key(0))
-  old_k = jax.tree.leaves(state.cache.k)  # one array per layer on XLA:CPU (`sampler.cache_per_layer`)
+  old_k = jax.tree.leaves(state.cache.k)  # one array per layer on XLA:CPU (`sampling.state.cache_per_layer`)
   assert len(old_k) == (model.cfg.num_layers if sampler_lib.cache_per_layer(model.cfg) else 1)
   state, _ = sampler.decode(params, state, jnp.int32(4), jnp.int32(1))
   assert all(k.is_deleted() for k in old_k)  # the cache was updated in place, not copied
