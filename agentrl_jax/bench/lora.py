@@ -74,9 +74,13 @@ def run_size(size: str, args) -> dict:
   cfg = ModelConfig.by_name(size)
   b, plen, new = args.batch, args.prompt_len, args.new_tokens
   lora_cfg = lora.LoraConfig(rank=args.rank, alpha=2.0 * args.rank)
-  base_model = Qwen(cfg, rngs=nnx.Rngs(args.seed))
-  base_def, base_params = nnx.split(base_model)
-  adapted = lora.apply(Qwen(cfg, rngs=nnx.Rngs(args.seed)), lora_cfg, jax.random.key(1))
+
+  def fresh(adapters: bool):  # a new model with the same random base (and adapters) each time
+    model = Qwen(cfg, rngs=nnx.Rngs(args.seed))
+    return lora.apply(model, lora_cfg, jax.random.key(1)) if adapters else model
+
+  base_def, base_params = nnx.split(fresh(False))
+  adapted = fresh(True)
   lora_def, lora_params = nnx.split(adapted)
   lora_params = _random_b(lora_params, jax.random.key(2))
   merge = jax.jit(lambda p: lora.merge_params(lora_def, p)[1])
@@ -98,9 +102,8 @@ def run_size(size: str, args) -> dict:
            "loss_mask": np.ones((args.update_rows, t), np.float32),
            "advantages": rng.standard_normal(args.update_rows).astype(np.float32),
            "old_logp": np.full((args.update_rows, t), -3.0, np.float32)}
-  full_update = _update_timer(Qwen(cfg, rngs=nnx.Rngs(args.seed)), batch, mesh)
-  lora_update = _update_timer(lora.apply(Qwen(cfg, rngs=nnx.Rngs(args.seed)), lora_cfg, jax.random.key(1)),
-                              batch, mesh)
+  full_update = _update_timer(fresh(False), batch, mesh)
+  lora_update = _update_timer(fresh(True), batch, mesh)
 
   common.log(f"[bench.lora] {size}: compiling")
   for fn in (lambda: gen(lora_sampler, lora_params), merged_gen, lambda: merge(lora_params)):

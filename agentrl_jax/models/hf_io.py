@@ -219,7 +219,7 @@ def export_hf(model: Qwen, out_dir: str | os.PathLike, *, dtype: str | None = No
 
 
 def save_random_checkpoint(cfg: ModelConfig, out_dir: str | os.PathLike, seed: int = 0,
-                              max_shard_size: str | None = None) -> str:
+                           max_shard_size: str | None = None) -> str:
   """Creates a random-weight HF model with `transformers` (torch CPU) and saves it to `out_dir`.
 
   Norm weights and biases are randomised too (HF initialises them to ones/zeros), so parity tests exercise

@@ -116,8 +116,8 @@ def _per_layer_platform() -> bool:
 def carry_per_layer(cache) -> bool:
   """Whether `decode`'s loop carries the cache one array per layer (`KVCache.per_layer`: as the sampler keeps it
   on XLA:CPU, `cache_per_layer`; a stacked cache is split at the call's start and restacked at its end) and
-  reads each layer's weights from copies split off the stack once per weight version (`_LayerParts`, passed in
-  by `Sampler.decode`; `_restacked`), instead of slicing layer i out of the stacked cache and weights on every
+  reads each layer's weights from copies split off the stack once per weight version (`sampler._LayerParts`,
+  passed in by `Sampler.decode`; `sampler._restacked`), instead of slicing layer i out of the stacked cache and weights on every
   step.
 
   Decided by what the compiler is given, the platform: on XLA:CPU a slice out of a stacked array inside the loop
