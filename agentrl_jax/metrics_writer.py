@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import psutil
 import tqdm
 
 log = logging.getLogger(__name__)
@@ -148,3 +149,25 @@ def progress_bar(total: int, *, initial: int = 0, desc: str = "train", **kwargs)
   """A tqdm bar over steps (disabled on processes other than 0); `bar.set_postfix(loss=...)` shows metrics."""
   return tqdm.tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True,
                    disable=jax.process_index() != 0 or kwargs.pop("disable", False), **kwargs)
+
+
+def cpu_seconds() -> float:
+  """CPU seconds (user + system) used by this process and every process under it (the sandboxes' workers and
+  the programs they ran and reaped), as the kernel counts them. A descendant that exits unreaped while its
+  parent exits too drops out of the sum, so take differences over spans with no worker restart."""
+  me = psutil.Process()
+  total = 0.0
+  for proc in [me, *me.children(recursive=True)]:
+    try:
+      t = proc.cpu_times()
+    except psutil.Error:  # exited between the listing and the read
+      continue
+    total += t.user + t.system + t.children_user + t.children_system
+  return total
+
+
+def cpu_busy_frac(cpu_s: float, wall_s: float) -> float:
+  """The fraction of this host's usable cores (`sched_getaffinity`) that `cpu_s` CPU seconds kept busy over
+  `wall_s` seconds. A schedule that overlaps more of the same work cannot beat `1 / busy` times the wall time of
+  the one measured: near 1, the cores are already full (XLA:CPU's thread pools count while they spin)."""
+  return cpu_s / max(wall_s * len(os.sched_getaffinity(0)), 1e-9)

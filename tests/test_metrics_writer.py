@@ -6,6 +6,7 @@ import glob
 import io
 import json
 import math
+import os
 import sys
 import types
 
@@ -134,3 +135,35 @@ def test_metrics_writer_wandb_missing_is_a_warning_and_progress_bar(tmp_path, ca
   bar.set_postfix(loss="0.5")
   bar.close()
   assert bar.n == 5 and "5/10" in out.getvalue() and "loss=0.5" in out.getvalue()
+
+
+_BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
+
+
+def test_cpu_seconds_counts_descendants_reaped_by_a_live_child():
+  """A sandbox worker (a live child) runs programs and reaps them: their CPU time counts through the worker's
+  children_* times, and a sleeping child costs nothing."""
+  import subprocess
+  import time
+
+  # A "worker" that runs a 0.4 CPU-second program as its own child, reaps it, then sleeps until told to stop.
+  worker_code = ("import subprocess, sys, time\n"
+                 f"subprocess.run([sys.executable, '-c', {_BURN.format(s=0.4)!r}], check=True)\n"
+                 "print('ran', flush=True)\nsys.stdin.readline()\n")
+  before = metrics_writer.cpu_seconds()
+  t0 = time.perf_counter()
+  worker = subprocess.Popen([sys.executable, "-c", worker_code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+  try:
+    assert worker.stdout.readline().strip() == "ran"
+    during = metrics_writer.cpu_seconds() - before  # the worker is alive: its reaped program counts through it
+    wall = time.perf_counter() - t0
+  finally:
+    worker.communicate("\n", timeout=60)
+  assert 0.4 <= during < 0.4 + wall + 1.0, (during, wall)  # + the interpreters' start-up, bounded by the wall time
+
+
+def test_cpu_busy_frac_is_cpu_over_wall_times_cores():
+  cores = len(os.sched_getaffinity(0))
+  assert math.isclose(metrics_writer.cpu_busy_frac(3.0 * cores, 4.0), 0.75)
+  assert metrics_writer.cpu_busy_frac(1.0, 0.0) > 0  # no division by zero

@@ -20,7 +20,12 @@ tokens of the updated episodes) per second over the timed steps (after `--warmup
 everything); speedup = async / sync tok/s, each at its faster schedule (speedup_same_schedule_*: per schedule);
 *_staleness_max, async_partial_frac: what the async run trained on; tool_latency_p50_s / p99_s: of the calls
 made; per mode and schedule, *_wall_s (timed steps), *_rollout_s (the trainer waiting for its batch: the whole
-rollout when synchronous), *_tool_wait_s (the loop blocked on tools with nothing to decode) and *_decode_calls.
+rollout when synchronous), *_tool_wait_s (the loop blocked on tools with nothing to decode), *_decode_calls and
+*_cpu_s (CPU seconds of the process over the timed steps). sync_cpu_busy_frac / async_cpu_busy_frac: the
+fraction of the host's cores those CPU seconds filled (`metrics_writer.cpu_busy_frac`); speedup_at_full_cores =
+1 / sync_cpu_busy_frac, the synchronous loop's CPU work done with every core busy throughout: where decode and
+update already fill the cores, overlapping them (the remote tools cost no CPU) gains no more than that; a schedule
+beats it only by doing less work (fewer, fuller decode calls).
 Both modes train the same prompts and draw the same scripted tokens.
 """
 
@@ -37,6 +42,7 @@ from flax import nnx
 import jax
 import numpy as np
 
+from agentrl_jax import metrics_writer
 from agentrl_jax.bench import common
 from agentrl_jax.bench.rollout import make_workload, tool_output
 from agentrl_jax.data.records import PromptRecord
@@ -158,7 +164,7 @@ def run(args) -> dict:
       for step in range(steps_total):
         if step == args.warmup:
           jax.block_until_ready(state)
-          t_start = time.perf_counter()
+          t_start, cpu_start = time.perf_counter(), metrics_writer.cpu_seconds()
         t0 = time.perf_counter()
         if mode == "sync":
           ids = prompts[step * args.prompts:(step + 1) * args.prompts]
@@ -189,9 +195,11 @@ def run(args) -> dict:
           trained += tokens
       jax.block_until_ready(state)
       wall = time.perf_counter() - t_start
+      cpu_s = metrics_writer.cpu_seconds() - cpu_start
     finally:
       executor.close()
     out = {"tok_s": trained / wall, "wall_s": wall, "trained_tokens": trained, "rollout_s": rollout_s,
+           "cpu_s": cpu_s, "cpu_busy_frac": metrics_writer.cpu_busy_frac(cpu_s, wall),
            "tool_wait_s": tool_wait, "decode_calls": decode_calls,
            "latency_p50_s": float(np.percentile(latencies, 50)), "latency_p99_s": float(np.percentile(latencies, 99))}
     if mode == "async":
@@ -217,12 +225,17 @@ def run(args) -> dict:
       "speedup_same_schedule_overlap": res[("async", True)]["tok_s"] / res[("sync", True)]["tok_s"],
       "async_staleness_max": a["staleness_max"], "async_staleness_mean": a["staleness_mean"],
       "async_partial_frac": a["partial_frac"],
+      # How full the cores were over the timed steps; 1 / the synchronous one: the speedup of the synchronous
+      # loop's CPU work done with every core busy throughout (overlap gains no more unless it saves work).
+      "sync_cpu_busy_frac": res[("sync", best["sync"][1])]["cpu_busy_frac"],
+      "async_cpu_busy_frac": a["cpu_busy_frac"],
+      "speedup_at_full_cores": 1.0 / res[("sync", best["sync"][1])]["cpu_busy_frac"],
       "trained_tokens_equal": all(res[("sync", o)]["trained_tokens"] == res[("async", o)]["trained_tokens"]
                                   for o in (False, True)),
       "tool_latency_p50_s": res[("sync", False)]["latency_p50_s"],
       "tool_latency_p99_s": res[("sync", False)]["latency_p99_s"],
       **{f"{m}_{'overlap' if o else 'pause'}_{k}": r[k] for (m, o), r in res.items()
-         for k in ("tok_s", "wall_s", "rollout_s", "tool_wait_s", "decode_calls")},
+         for k in ("tok_s", "wall_s", "rollout_s", "tool_wait_s", "decode_calls", "cpu_s")},
       **common.backend_info(),
   }
   return out

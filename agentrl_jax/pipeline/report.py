@@ -45,7 +45,7 @@ EXTRA_CURVES = (
     ("asynchrony", "asynchronous RL", "async/buffer_groups",
      [("async/staleness_mean", "staleness: mean (versions)"), ("async/staleness_max", "staleness: max"),
       ("time/trainer_idle_frac", "trainer idle (fraction)"), ("time/rollout_idle_frac", "rollout idle (fraction)"),
-      ("async/partial_frac", "partial episodes (fraction)")]),
+      ("time/cpu_busy_frac", "host cores busy (fraction)"), ("async/partial_frac", "partial episodes (fraction)")]),
     ("offpolicy", "behaviour vs trainer policy", "train/is_ess",
      [("train/is_weight_mean", "IS weight: mean"), ("train/is_ess", "IS effective sample size"),
       ("train/behav_kl_k3", "KL (k3)"), ("train/rejected_token_frac", "rejected tokens (fraction)")]),

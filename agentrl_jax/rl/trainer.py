@@ -238,6 +238,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     t0 = time.perf_counter()
     updates = multihost.to_host(d["updates"])
     times["update"] += time.perf_counter() - t0
+    if d["finish_now"]:  # the loop waits for this update before its next step: the step ends with the results
+      d["t_done"], d["cpu_done"] = time.perf_counter(), metrics_writer.cpu_seconds()
     if stream is not None:
       stream.poll_update()
     skipped = int(sum(float(u["skipped"]) for u in updates))
@@ -251,6 +253,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     failed = sum(e.num_failed_calls for e in episodes)
     lengths = np.array([e.response_len for e in episodes])
     step_s = d["t_done"] - d["t_step"]
+    cpu_busy = metrics_writer.cpu_busy_frac(d["cpu_done"] - d["cpu_step"], step_s)
     st = d["stream_stats"]
     update_s = times["update"] if st is None else st.update_device_s
     blocked_s = 0.0 if st is None else st.update_blocked_s
@@ -273,6 +276,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         # trainer's bookkeeping). Synchronous: the update is the wait for its results.
         "time/trainer_idle_frac": 1.0 - min(update_s, step_s) / step_s,
         "time/rollout_idle_frac": 1.0 - max(times["rollout"] - times["tools"] - blocked_s, 0.0) / step_s,
+        # How full the host's cores were over the step (this process and its sandbox workers): a schedule that
+        # overlaps more of the same work gains at most 1 / this.
+        "time/cpu_busy_frac": cpu_busy,
         "async/staleness_mean": float(staleness.mean()), "async/staleness_max": float(staleness.max()),
         "async/partial_frac": _mean([e.version_last > e.version_first for e in episodes]),
         **{f"count/{k}": float(v) for k, v in counters.items()},
@@ -317,7 +323,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     if eval_engine is not None and step == 0 and config.eval.at_start:
       run_eval(0)
     while step < total_steps:
-      t_step = time.perf_counter()
+      t_step, cpu_step = time.perf_counter(), metrics_writer.cpu_seconds()
       # ---- rollouts (+ dynamic sampling rounds)
       episodes, records, scored_parts, times = [], [], [], {"rollout": 0.0, "tools": 0.0, "scoring": 0.0}
       rounds, informative_total, groups_seen = 0, 0, 0
@@ -450,13 +456,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       step += 1
       bar.update(1)
       done = dict(step=step, updates=updates, episodes=episodes, records=records, sc=sc, valid=valid, adv=adv,
-                  times=times, t_step=t_step, t_done=time.perf_counter(), tally=tally, rounds=rounds,
+                  times=times, t_step=t_step, t_done=time.perf_counter(), cpu_step=cpu_step,
+                  cpu_done=metrics_writer.cpu_seconds(), tally=tally, rounds=rounds,
                   informative_total=informative_total, groups_seen=groups_seen, staleness=staleness,
                   stream_stats=st if stream is not None else None)
       # Asynchronous runs finish a step (fetch its update's metrics, log) after the next step's rollouts, so the
       # host goes back to the stream at once and the update runs while it decodes; a step that evaluates,
       # checkpoints or ends the run finishes now (a checkpoint needs the update's results anyway).
-      if stream is None or step == total_steps or ckpt.should_save(step) or eval_due(step):
+      done["finish_now"] = stream is None or step == total_steps or ckpt.should_save(step) or eval_due(step)
+      if done["finish_now"]:
         finish_step(done)
       else:
         pending = done

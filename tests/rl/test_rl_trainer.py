@@ -29,6 +29,10 @@ def test_reward_rises_on_toy_task(tmp_path):
               "response/length_mean", "reward/overlong_frac", "time/rollout_s", "time/update_s"):
     assert key in last, key
   assert (tmp_path / "samples.jsonl").exists() and list((tmp_path / "tensorboard").iterdir())
+  # Synchronous: a step ends when its update's results are in, so it spans its rollouts and its whole update.
+  for r in rows:
+    assert r["time/step_s"] >= r["time/rollout_s"] + r["time/update_s"], r
+    assert 0 < r["time/cpu_busy_frac"] < 1.5 and 0 <= r["time/trainer_idle_frac"] < 1, r
   # Synchronous: every trained token was drawn by the step's own params.
   assert all(r["async/staleness_max"] == 0.0 and r["async/partial_frac"] == 0.0 for r in rows)
   # Every program (set-up, rollout, scoring, update) is built in the first step; the eleven after it, on other
