@@ -213,7 +213,7 @@ def run(args) -> dict:
       common.log(f"{mode} {'overlap' if overlap else 'pause'}")
       res[(mode, overlap)] = one_mode(mode, overlap)
   best = {m: max((res[(m, o)]["tok_s"], o) for o in (False, True)) for m in ("sync", "async")}
-  a = res[("async", best["async"][1])]
+  a, s = res[("async", best["async"][1])], res[("sync", best["sync"][1])]
   out = {
       "bench": "async_rl", "size": args.size, "prompts": args.prompts, "n": args.n, "rows": args.rows,
       "tool_turns": args.tool_turns, "steps": args.steps, "tool_median_s": args.tool_median_s,
@@ -227,9 +227,9 @@ def run(args) -> dict:
       "async_partial_frac": a["partial_frac"],
       # How full the cores were over the timed steps; 1 / the synchronous one: the speedup of the synchronous
       # loop's CPU work done with every core busy throughout (overlap gains no more unless it saves work).
-      "sync_cpu_busy_frac": res[("sync", best["sync"][1])]["cpu_busy_frac"],
+      "sync_cpu_busy_frac": s["cpu_busy_frac"],
       "async_cpu_busy_frac": a["cpu_busy_frac"],
-      "speedup_at_full_cores": 1.0 / res[("sync", best["sync"][1])]["cpu_busy_frac"],
+      "speedup_at_full_cores": 1.0 / s["cpu_busy_frac"],
       "trained_tokens_equal": all(res[("sync", o)]["trained_tokens"] == res[("async", o)]["trained_tokens"]
                                   for o in (False, True)),
       "tool_latency_p50_s": res[("sync", False)]["latency_p50_s"],

@@ -117,8 +117,8 @@ def carry_per_layer(cache) -> bool:
   """Whether `decode`'s loop carries the cache one array per layer (`KVCache.per_layer`: as the sampler keeps it
   on XLA:CPU, `cache_per_layer`; a stacked cache is split at the call's start and restacked at its end) and
   reads each layer's weights from copies split off the stack once per weight version (`sampler._LayerParts`,
-  passed in by `Sampler.decode`; `sampler._restacked`), instead of slicing layer i out of the stacked cache and weights on every
-  step.
+  passed in by `Sampler.decode`; `sampler._restacked`), instead of slicing layer i out of the stacked cache and
+  weights on every step.
 
   Decided by what the compiler is given, the platform: on XLA:CPU a slice out of a stacked array inside the loop
   is a copy (the decode step's reductions and XLA's dots do not read through it), so every step copied each
