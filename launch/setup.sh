@@ -60,6 +60,17 @@ if ! command -v bwrap >/dev/null 2>&1; then
     echo "setup: code tool refuses to run model code unless tools.allow_unsandboxed is set." >&2
   fi
 fi
+# The decode attention kernel on XLA:CPU (agentrl_jax/models/cpu_kernels.py) is compiled on first use: it needs a
+# C++17 compiler. Without one decode keeps the slower XLA form (and the kernel's tests fail).
+if [ -z "${CXX:-}" ] && ! command -v c++ >/dev/null 2>&1 && ! command -v g++ >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing g++ (builds the CPU decode attention kernel) with apt-get"
+    apt-get install -y -q g++ >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q g++ >/dev/null; }
+  else
+    echo "setup: WARNING: no C++ compiler (g++): decode on CPU keeps its slower XLA attention;" >&2
+    echo "setup: install one with 'sudo apt-get install g++'." >&2
+  fi
+fi
 # CI must not pass by skipping the sandbox's tests: without bubblewrap there, stop now with the reason.
 case "${CI:-}" in
   1|true|TRUE|True|yes)

@@ -20,7 +20,8 @@
   the same contract in XLA, tested against JAX's own reference; the kernel itself has a TPU lowering test.
 
 A kernel chosen on a backend that cannot run it fails at trace time with the reason, never silently falls
-back. With the other choices, passes over the KV cache use the `xla` path.
+back. With the other choices, passes over the KV cache use the `xla` path; on XLA:CPU a decode step's attention
+over the cache is our own kernel, which reads each row's own length (`cpu_kernels`, `length_aware_decode`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from jaxtyping import Array, Float, Int
 import numpy as np
 
 from agentrl_jax import compile_stats
-from agentrl_jax.models import kv_cache
+from agentrl_jax.models import cpu_kernels, kv_cache
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,16 @@ def decode_by_reduction() -> bool:
   the batched matmuls (their matrix units). Decided by the platform compiled for (`target_platform`), so a
   program lowered for a TPU from a CPU host takes the TPU's form."""
   return target_platform() == "cpu"
+
+
+def length_aware_decode(dtype) -> bool:
+  """True where a decode step's attention takes our XLA:CPU kernel (`cpu_kernels.single_query_attention`, each
+  row's own length) instead of `single_query_attention` (the whole capacity under the mask): on XLA:CPU
+  (`decode_by_reduction`), float32 activations, one device (the kernel is a custom call GSPMD cannot split; a
+  multi-device mesh keeps the reductions), and the kernel built (`cpu_kernels.available`)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return (decode_by_reduction() and jnp.dtype(dtype) == jnp.float32 and (mesh.empty or mesh.size == 1)
+          and cpu_kernels.available())
 
 
 def single_query_attention(q: Float[Array, "B K G H"], k_t: Float[Array, "B K H S"], v: Float[Array, "B K S H"],

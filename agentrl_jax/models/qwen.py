@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from agentrl_jax.models import attention_kernels, context_parallel
+from agentrl_jax.models import attention_kernels, context_parallel, cpu_kernels
 from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.kv_cache import KVCache, PagedKVCache, write_chunk, write_chunk_paged
@@ -65,17 +65,20 @@ def rope(x: Float[Array, "B T N H"], cos_sin: tuple[jax.Array, jax.Array]) -> Fl
 
 
 def _cached_attention(qg: Float[Array, "B T K G H"], k_t: Float[Array, "B K H S"], v: Float[Array, "B K S H"],
-                      mask_bts: Array, scale: float) -> Float[Array, "B T K G H"]:
+                      mask_bts: Array, scale: float, valid: Int[Array, "B"]) -> Float[Array, "B T K G H"]:
   """Attention of T queries per row over the cache (keys transposed `[B, K, H, S]`, values `[B, K, S, H]`).
 
   Both products are batched matmuls over (B, K) whose operands lie in memory as the kernel reads them (see
   `kv_cache`), so a decode step streams each half of the cache once. They are written with `lax.dot_general`
   and the query first: `jnp.einsum` may swap the operands, and XLA:CPU then reads the cache through a
   transposed-operand kernel (2-3x slower). Scores and softmax in float32, as in `attention_kernels.dense_attention`.
-  A decode step on XLA:CPU (one query per row) takes the multiply-and-reduce form instead
-  (`attention_kernels.single_query_attention`).
+  A decode step on XLA:CPU (one query per row) reads only each row's `valid[b]` slots (the mask's prefix) with
+  our kernel (`cpu_kernels.single_query_attention`) where `attention_kernels.length_aware_decode` allows it, else
+  takes the multiply-and-reduce form (`attention_kernels.single_query_attention`).
   """
   if qg.shape[1] == 1 and attention_kernels.decode_by_reduction():
+    if attention_kernels.length_aware_decode(qg.dtype):
+      return cpu_kernels.single_query_attention(qg[:, 0], k_t, v, valid, scale).astype(qg.dtype)[:, None]
     return attention_kernels.single_query_attention(qg[:, 0], k_t, v, mask_bts[:, 0], scale)[:, None]
   scores = attention_kernels.bmm(attention_kernels.group_queries(qg), k_t) * scale  # [B, K, G*T, S]
   keep = attention_kernels.group_mask(mask_bts, qg.shape[3])
@@ -143,7 +146,7 @@ class Attention(nnx.Module):
     elif cache_kv is not None:
       new_cache = write_chunk(*cache_kv, k, v, cache_lengths, layer)
       k_t, v_l = (jax.lax.dynamic_index_in_dim(a, layer, 1, keepdims=False).astype(dt) for a in new_cache)
-      out = _cached_attention(qg, k_t, v_l, mask_bts, scale)
+      out = _cached_attention(qg, k_t, v_l, mask_bts, scale, cache_lengths + t)  # the mask's prefix per row
     elif context is not None:
       if cfg.attention_impl == "cudnn":
         raise ValueError("attention_impl='cudnn' has no context-parallel form: use 'xla' or a mesh with context=1")

@@ -1,0 +1,140 @@
+// One-query-per-row attention over a KV cache that reads each row's own length (XLA:CPU FFI custom call).
+//
+// The decode step's attention (`attention_kernels.single_query_attention`) written as XLA reductions reads every
+// slot of the cache's capacity for every row, masked; this kernel reads only the first `valid[b]` slots of row b,
+// so a short row does not pay for the batch's longest. Built and registered by `models/cpu_kernels.py`.
+//
+// Operands (float32, row-major, as the sampler's per-layer cache lies on XLA:CPU):
+//   q      [B, K, G, H]   the step's queries, grouped by kv head
+//   k_t    [B, K, H, S]   keys, transposed (slot minor)
+//   v      [B, K, S, H]   values
+//   valid  [B] int32      slots [0, valid[b]) of row b are attended (clamped to [1, S])
+// Attribute: scale (float). Result: out [B, K, G, H].
+//
+// Per (row, kv head): scores[g, s] = scale * sum_h q[g, h] k_t[h, s] for s < n, a softmax in float32 over those n
+// slots, out[g, :] = sum_s p[g, s] v[s, :]. The (row, kv head) pairs are shared out over XLA's intra-op thread
+// pool: every participant (the calling thread and the tasks it schedules) takes pairs from one atomic counter, so
+// the call finishes even when no scheduled task ever starts, and state outlives late tasks (shared_ptr).
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+struct Job {
+  const float* q;
+  const float* k_t;
+  const float* v;
+  const int32_t* valid;
+  float* out;
+  int64_t B, K, G, H, S;
+  float scale;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+};
+
+void RunPair(const Job& j, int64_t pair, std::vector<float>& scores, std::vector<float>& acc) {
+  const int64_t b = pair / j.K, G = j.G, H = j.H, S = j.S;
+  const int64_t n = std::clamp<int64_t>(j.valid[b], 1, S);
+  const float* q = j.q + pair * G * H;
+  const float* k_t = j.k_t + pair * H * S;
+  const float* v = j.v + pair * S * H;
+  float* out = j.out + pair * G * H;
+  scores.assign(G * n, 0.0f);
+  // Scores: each key row (one head dimension over the slots) is read once for all G queries.
+  for (int64_t h = 0; h < H; ++h) {
+    const float* row = k_t + h * S;
+    for (int64_t g = 0; g < G; ++g) {
+      const float qh = q[g * H + h];
+      float* sg = scores.data() + g * n;
+      for (int64_t s = 0; s < n; ++s) sg[s] += qh * row[s];
+    }
+  }
+  std::vector<float> denom(G);
+  for (int64_t g = 0; g < G; ++g) {
+    float* sg = scores.data() + g * n;
+    float m = -INFINITY;
+    for (int64_t s = 0; s < n; ++s) {
+      sg[s] *= j.scale;
+      m = std::max(m, sg[s]);
+    }
+    float sum = 0.0f;
+    for (int64_t s = 0; s < n; ++s) {
+      sg[s] = std::exp(sg[s] - m);
+      sum += sg[s];
+    }
+    denom[g] = sum;
+  }
+  // Values: each value row is read once for all G queries.
+  acc.assign(G * H, 0.0f);
+  for (int64_t s = 0; s < n; ++s) {
+    const float* row = v + s * H;
+    for (int64_t g = 0; g < G; ++g) {
+      const float p = scores[g * n + s];
+      float* ag = acc.data() + g * H;
+      for (int64_t h = 0; h < H; ++h) ag[h] += p * row[h];
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    const float inv = 1.0f / denom[g];
+    for (int64_t h = 0; h < H; ++h) out[g * H + h] = acc[g * H + h] * inv;
+  }
+}
+
+void Work(const std::shared_ptr<Job>& job) {
+  std::vector<float> scores, acc;
+  const int64_t pairs = job->B * job->K;
+  int64_t did = 0;
+  for (int64_t p; (p = job->next.fetch_add(1, std::memory_order_relaxed)) < pairs; ++did) RunPair(*job, p, scores, acc);
+  if (did) job->done.fetch_add(did, std::memory_order_release);
+}
+
+ffi::Error SingleQueryAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k_t,
+                                ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> valid, float scale,
+                                ffi::ResultBuffer<ffi::F32> out) {
+  const auto qd = q.dimensions(), kd = k_t.dimensions(), vd = v.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || valid.dimensions().size() != 1)
+    return ffi::Error::InvalidArgument("single_query_attention: q, k_t, v must be rank 4 and valid rank 1");
+  const int64_t B = qd[0], K = qd[1], G = qd[2], H = qd[3], S = kd[3];
+  if (kd[0] != B || kd[1] != K || kd[2] != H || vd[0] != B || vd[1] != K || vd[2] != S || vd[3] != H ||
+      valid.dimensions()[0] != B)
+    return ffi::Error::InvalidArgument("single_query_attention: shapes q [B,K,G,H], k_t [B,K,H,S], v [B,K,S,H], "
+                                       "valid [B] do not agree");
+  if (B * K == 0 || G * H == 0) return ffi::Error::Success();
+  if (S == 0) return ffi::Error::InvalidArgument("single_query_attention: empty cache (S = 0)");
+  auto job = std::make_shared<Job>();
+  job->q = q.typed_data();
+  job->k_t = k_t.typed_data();
+  job->v = v.typed_data();
+  job->valid = valid.typed_data();
+  job->out = out->typed_data();
+  job->B = B, job->K = K, job->G = G, job->H = H, job->S = S;
+  job->scale = scale;
+  const int64_t pairs = B * K;
+  const int64_t helpers = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), pairs) - 1;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([job] { Work(job); });
+  Work(job);
+  while (job->done.load(std::memory_order_acquire) < pairs) std::this_thread::yield();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AgentrlSingleQueryAttention, SingleQueryAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Attr<float>("scale")
+                                  .Ret<ffi::Buffer<ffi::F32>>());
