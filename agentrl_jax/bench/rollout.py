@@ -198,7 +198,8 @@ def run(args) -> dict:
   sampler = make_sampler(graphdef, cfg_model, sampling, batch=batch, n_forced=n_forced)
   executor = stub_executor(tool_output, latency_s=args.tool_latency, max_concurrency=episodes)
   base = RolloutConfig(batch_size=batch, segment_len=args.segment_len, max_prompt_len=1024, max_response_len=4096,
-                       min_tool_stops=args.min_tool_stops, groups_per_prefill=args.groups_per_prefill)
+                       min_tool_stops=args.min_tool_stops, groups_per_prefill=args.groups_per_prefill,
+                       cache_bucket_min=args.cache_bucket_min)
   variants = {"pause": base.replace(overlap_tools=False), "overlap": base.replace(overlap_tools=True)}
   default = "overlap" if base.overlap_tools else "pause"
 
@@ -213,6 +214,7 @@ def run(args) -> dict:
   out = {"bench": "rollout", "device": common.backend_info(),
          "size": args.size, "episodes": episodes, "groups": args.groups, "n": args.n,
          "tool_turns": args.tool_turns, "tool_latency_s": args.tool_latency, "batch": batch,
+         "cache_bucket_min": args.cache_bucket_min,
          "segment_len": args.segment_len, "min_tool_stops": args.min_tool_stops}
   common.log(f"[bench.rollout] warm-up (compiles) on {args.size}, {episodes} episodes")
   # Warm-up: one round of each loop; JAX's compile events say what of it was compiling (tracing, lowering and
@@ -321,6 +323,8 @@ def main(argv=None) -> None:
   p.add_argument("--segment-len", type=int, default=64)
   p.add_argument("--min-tool-stops", type=int, default=1)
   p.add_argument("--groups-per-prefill", type=int, default=16)
+  p.add_argument("--cache-bucket-min", type=int, default=RolloutConfig.cache_bucket_min,
+                 help="smallest KV cache capacity of both loops (RolloutConfig.cache_bucket_min)")
   p.add_argument("--rounds", type=int, default=3)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--no-compile-cache", dest="compile_cache", action="store_false",
