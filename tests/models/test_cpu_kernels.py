@@ -5,8 +5,7 @@ read nothing at or past `valid[b]`, run inside compiled loops on XLA's thread po
 decode program calls on one CPU device (the XLA form elsewhere). A machine that runs the tests has a C++ compiler
 (`launch/setup.sh` installs one), so the kernel must build here: no skip."""
 
-import os
-import pathlib
+import ctypes
 
 from flax import nnx
 import jax
@@ -31,8 +30,16 @@ def _reference(q, k_t, v, valid, scale):
   return attention_kernels.single_query_attention(q, k_t, v, mask, scale)
 
 
-def test_the_kernel_builds_here():
-  assert cpu_kernels.compiler() is not None, "no C++ compiler: launch/setup.sh installs g++ (as root)"
+def test_the_kernel_builds_here(tmp_path, monkeypatch):
+  """A fresh build (an empty cache), loadable, then found in the cache instead of rebuilt."""
+  cxx = cpu_kernels.compiler()
+  assert cxx is not None, "no C++ compiler: launch/setup.sh installs g++ (as root)"
+  monkeypatch.setenv("AGENTRL_KERNEL_CACHE", str(tmp_path))
+  lib = cpu_kernels.build(cxx)
+  assert lib.parent == tmp_path and lib.stat().st_size > 0
+  assert ctypes.cdll.LoadLibrary(str(lib)).AgentrlSingleQueryAttention
+  built = lib.stat().st_mtime_ns
+  assert cpu_kernels.build(cxx) == lib and lib.stat().st_mtime_ns == built
   assert cpu_kernels.available(), "the kernel did not build or register (see the logged reason)"
 
 
@@ -105,7 +112,7 @@ def test_length_aware_only_on_one_cpu_device_in_float32():
     assert not attention_kernels.length_aware_decode(jnp.float32)
 
 
-def _decode_text(model, monkeypatch=None):
+def _decode_text(model):
   graphdef, params = nnx.split(model)
   s = sampler_lib.make_sampler(graphdef, model.cfg, SamplingConfig(segment_len=8), batch=4)
   state = s.init(64, jax.random.key(0))
