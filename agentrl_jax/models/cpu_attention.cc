@@ -42,7 +42,10 @@ struct Job {
   std::atomic<int64_t> done{0};
 };
 
-void RunPair(const Job& j, int64_t pair, std::vector<float>& scores, std::vector<float>& acc) {
+// `scores`, `denom` and `acc` are the participant's scratch, reused across its pairs (no allocation per pair once
+// they have grown).
+void RunPair(const Job& j, int64_t pair, std::vector<float>& scores, std::vector<float>& denom,
+             std::vector<float>& acc) {
   const int64_t b = pair / j.K, G = j.G, H = j.H, S = j.S;
   const int64_t n = std::clamp<int64_t>(j.valid[b], 1, S);
   const float* q = j.q + pair * G * H;
@@ -59,7 +62,7 @@ void RunPair(const Job& j, int64_t pair, std::vector<float>& scores, std::vector
       for (int64_t s = 0; s < n; ++s) sg[s] += qh * row[s];
     }
   }
-  std::vector<float> denom(G);
+  denom.resize(G);
   for (int64_t g = 0; g < G; ++g) {
     float* sg = scores.data() + g * n;
     float m = -INFINITY;
@@ -91,10 +94,11 @@ void RunPair(const Job& j, int64_t pair, std::vector<float>& scores, std::vector
 }
 
 void Work(const std::shared_ptr<Job>& job) {
-  std::vector<float> scores, acc;
+  std::vector<float> scores, denom, acc;
   const int64_t pairs = job->B * job->K;
   int64_t did = 0;
-  for (int64_t p; (p = job->next.fetch_add(1, std::memory_order_relaxed)) < pairs; ++did) RunPair(*job, p, scores, acc);
+  for (int64_t p; (p = job->next.fetch_add(1, std::memory_order_relaxed)) < pairs; ++did)
+    RunPair(*job, p, scores, denom, acc);
   if (did) job->done.fetch_add(did, std::memory_order_release);
 }
 
