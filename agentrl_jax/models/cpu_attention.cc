@@ -8,7 +8,8 @@
 //   q      [B, K, G, H]   the step's queries, grouped by kv head
 //   k_t    [B, K, H, S]   keys, transposed (slot minor)
 //   v      [B, K, S, H]   values
-//   valid  [B] int32      slots [0, valid[b]) of row b are attended (clamped to [1, S])
+//   valid  [B] int32      slots [0, valid[b]) of row b are attended (at most S); valid[b] <= 0: row b takes no
+//                         part in this step (its output is zeros and nothing of its cache is read)
 // Attribute: scale (float). Result: out [B, K, G, H].
 //
 // Per (row, kv head): scores[g, s] = scale * sum_h q[g, h] k_t[h, s] for s < n, a softmax in float32 over those n
@@ -47,11 +48,15 @@ struct Job {
 void RunPair(const Job& j, int64_t pair, std::vector<float>& scores, std::vector<float>& denom,
              std::vector<float>& acc) {
   const int64_t b = pair / j.K, G = j.G, H = j.H, S = j.S;
-  const int64_t n = std::clamp<int64_t>(j.valid[b], 1, S);
+  float* out = j.out + pair * G * H;
+  if (j.valid[b] <= 0) {  // a row outside this step (stopped, or waiting on a tool): no reads, zeros out
+    std::fill(out, out + G * H, 0.0f);
+    return;
+  }
+  const int64_t n = std::min<int64_t>(j.valid[b], S);
   const float* q = j.q + pair * G * H;
   const float* k_t = j.k_t + pair * H * S;
   const float* v = j.v + pair * S * H;
-  float* out = j.out + pair * G * H;
   scores.assign(G * n, 0.0f);
   // Scores: each key row (one head dimension over the slots) is read once for all G queries.
   for (int64_t h = 0; h < H; ++h) {

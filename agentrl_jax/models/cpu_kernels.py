@@ -104,8 +104,9 @@ def available() -> bool:
 def single_query_attention(q: Float[Array, "B K G H"], k_t: Float[Array, "B K H S"], v: Float[Array, "B K S H"],
                            valid: Int[Array, "B"], scale: float) -> Float[Array, "B K G H"]:
   """One query per row and kv-head group over the first `valid[b]` slots of each row's cache (float32; `valid`
-  clamped to [1, S]): the same sums as `attention_kernels.single_query_attention` under the mask
-  `slot < valid[b]`, in another order. Requires `available()`."""
+  at most S): the same sums as `attention_kernels.single_query_attention` under the mask `slot < valid[b]`, in
+  another order. A row with `valid[b] <= 0` takes no part: its output is zeros and none of its cache is read (a
+  decode step's rows that have stopped or wait on a tool). Requires `available()`."""
   call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32), vmap_method="sequential")
   return call(q.astype(jnp.float32), k_t.astype(jnp.float32), v.astype(jnp.float32), valid.astype(jnp.int32),
               scale=np.float32(scale))

@@ -73,8 +73,10 @@ def _cached_attention(qg: Float[Array, "B T K G H"], k_t: Float[Array, "B K H S"
   and the query first: `jnp.einsum` may swap the operands, and XLA:CPU then reads the cache through a
   transposed-operand kernel (2-3x slower). Scores and softmax in float32, as in `attention_kernels.dense_attention`.
   A decode step on XLA:CPU (one query per row) reads only each row's `valid[b]` slots (the mask's prefix) with
-  our kernel (`cpu_kernels.single_query_attention`) where `attention_kernels.length_aware_decode` allows it, else
-  takes the multiply-and-reduce form (`attention_kernels.single_query_attention`).
+  our kernel (`cpu_kernels.single_query_attention`) where `attention_kernels.length_aware_decode` allows it, and
+  nothing of a row with `valid[b] == 0` (a row outside the step, whose output is dropped: in a rollout's pause
+  most rows have stopped while the longest turns finish); else it takes the multiply-and-reduce form
+  (`attention_kernels.single_query_attention`) over every slot of every row.
   """
   if qg.shape[1] == 1 and attention_kernels.decode_by_reduction():
     if attention_kernels.length_aware_decode(qg.dtype):
@@ -146,7 +148,10 @@ class Attention(nnx.Module):
     elif cache_kv is not None:
       new_cache = write_chunk(*cache_kv, k, v, cache_lengths, layer)
       k_t, v_l = (jax.lax.dynamic_index_in_dim(a, layer, 1, keepdims=False).astype(dt) for a in new_cache)
-      out = _cached_attention(qg, k_t, v_l, mask_bts, scale, cache_lengths + t)  # the mask's prefix per row
+      valid = cache_lengths + t  # the mask's prefix per row; 0 for a row with nothing in this chunk, whose
+      if chunk_lengths is not None:  # output is dropped (a decode step's stopped or waiting rows)
+        valid = jnp.where(chunk_lengths > 0, valid, 0)
+      out = _cached_attention(qg, k_t, v_l, mask_bts, scale, valid)
     elif context is not None:
       if cfg.attention_impl == "cudnn":
         raise ValueError("attention_impl='cudnn' has no context-parallel form: use 'xla' or a mesh with context=1")

@@ -53,11 +53,24 @@ def test_matches_the_xla_form_under_the_mask(shape):
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-6, atol=2e-6)
 
 
-def test_valid_is_clamped_to_the_cache():
+def test_valid_past_the_cache_reads_the_whole_row():
   q, k_t, v = _inputs(2, 2, 2, 8, 16)
   over = cpu_kernels.single_query_attention(q, k_t, v, jnp.array([16, 40], jnp.int32), 0.5)
   full = _reference(q, k_t, v, jnp.array([16, 16], jnp.int32), 0.5)
   np.testing.assert_allclose(np.asarray(over), np.asarray(full), rtol=2e-6, atol=2e-6)
+
+
+def test_a_row_outside_the_step_reads_nothing_and_gives_zeros():
+  """`valid[b] <= 0` (a decode step's stopped or waiting row): zeros out, even over a cache of NaN, and the
+  other rows' outputs are exactly what they are without it."""
+  q, k_t, v = _inputs(4, 2, 2, 16, 32, seed=5)
+  valid = jnp.array([9, 0, 32, -3], jnp.int32)
+  off = (valid <= 0)[:, None, None, None]
+  got = cpu_kernels.single_query_attention(q, jnp.where(off, jnp.nan, k_t), jnp.where(off, jnp.nan, v), valid, 0.25)
+  got = np.asarray(got)
+  np.testing.assert_array_equal(got[[1, 3]], 0.0)
+  alone = np.asarray(cpu_kernels.single_query_attention(q, k_t, v, jnp.array([9, 5, 32, 7], jnp.int32), 0.25))
+  np.testing.assert_array_equal(got[[0, 2]], alone[[0, 2]])
 
 
 def test_reads_nothing_past_each_rows_length():
