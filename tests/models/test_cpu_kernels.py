@@ -43,7 +43,8 @@ def test_the_kernel_builds_here(tmp_path, monkeypatch):
   assert cpu_kernels.available(), "the kernel did not build or register (see the logged reason)"
 
 
-@pytest.mark.parametrize("shape", [(3, 2, 2, 8, 50), (5, 1, 1, 64, 7), (2, 4, 3, 5, 129), (16, 4, 2, 64, 320)])
+@pytest.mark.parametrize("shape", [(3, 2, 2, 8, 50), (5, 1, 1, 64, 7), (2, 4, 3, 5, 129), (2, 2, 2, 12, 37),
+                                   (16, 4, 2, 64, 320)])
 def test_matches_the_xla_form_under_the_mask(shape):
   b, nk, g, h, s = shape
   q, k_t, v = _inputs(*shape)
