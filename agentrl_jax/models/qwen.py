@@ -148,9 +148,9 @@ class Attention(nnx.Module):
     elif cache_kv is not None:
       new_cache = write_chunk(*cache_kv, k, v, cache_lengths, layer)
       k_t, v_l = (jax.lax.dynamic_index_in_dim(a, layer, 1, keepdims=False).astype(dt) for a in new_cache)
-      valid = cache_lengths + t  # the mask's prefix per row; 0 for a row with nothing in this chunk, whose
-      if chunk_lengths is not None:  # output is dropped (a decode step's stopped or waiting rows)
-        valid = jnp.where(chunk_lengths > 0, valid, 0)
+      # The mask's prefix per row; 0 for a row with nothing in this chunk, whose output is dropped (a decode
+      # step's stopped or waiting rows). In cache mode `Qwen.__call__` always passes `chunk_lengths`.
+      valid = jnp.where(chunk_lengths > 0, cache_lengths + t, 0)
       out = _cached_attention(qg, k_t, v_l, mask_bts, scale, valid)
     elif context is not None:
       if cfg.attention_impl == "cudnn":
