@@ -122,11 +122,11 @@ def make_step_floor(cfg: ModelConfig, batch: int, ctx: int, steps: int = 16, rep
 
   x0 = rand(batch, d)
   lowered = jax.jit(lambda x: jax.lax.fori_loop(0, steps, step, x)).lower(x0)
-  # Compiled as XLA:CPU does by default and as our decode program is (YNNPACK for reductions only): the
+  # Compiled as XLA:CPU does by default and as a small model's decode program is (YNNPACK for reductions only): the
   # faster of the two is the floor.
   runs = [lowered.compile()]
-  if (options := attention_kernels.sampler_compiler_options()) is not None:
-    runs.append(lowered.compile(compiler_options=options))
+  if jax.default_backend() == "cpu":  # the small models' decode options (`sampler_compiler_options`)
+    runs.append(lowered.compile(compiler_options=attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS))
   for run in runs:
     jax.block_until_ready(run(x0))
   return lambda: min(common.timed(lambda: run(x0)) for _ in range(repeats) for run in runs) / steps

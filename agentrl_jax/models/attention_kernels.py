@@ -71,23 +71,42 @@ def _dense_attention_fwd(qg, k, v, mask_bts, scale):
 
 
 # XLA:CPU compiler options of the sampler's programs that step over the KV cache, decode and extend
-# (`sampling.sampler.make_sampler`), with `decode_by_reduction`. jaxlib hands a program's dots and reductions to
-# YNNPACK by default; at decode shapes (a handful of rows against a weight matrix) YNNPACK's dots are 3-20x slower
-# than XLA's own (bench_5m, B=16, one step: LM head [16,256]x[256,4096] 556 -> 26 us, MLP [16,256]x[256,768] ~200
-# -> ~60 us), while its reductions are fast. Keeping YNNPACK for reductions only, and writing decode attention as
-# reductions (its batched dots are then XLA's, 2x slower than YNNPACK's), a decode step takes, alternating in one
-# process (median of 8-14 calls of 64 steps): bench_5m B=16 3.70 -> 3.39 ms, bench_58m B=16 27.0 -> 23.5 ms,
-# bench_5m B=64 at capacity 512 23.6 -> 20.7 ms and at 1024 38.6 -> 36.4 ms. Either change alone gains nothing or
-# loses. Extend (a tool response appended to a few rows) gains too: its time in bench.rollout's round, 4.3-4.6 ->
-# 3.8-4.0 s over 43 calls. Training and prefill keep the defaults (the update step, thousands of rows, measured
-# 6.0-6.6 s either way and compiles 30% faster with YNNPACK's dots).
+# (`sampling.sampler.make_sampler`), with `decode_by_reduction`, for models whose layer matrices are small. jaxlib
+# hands a program's dots and reductions to YNNPACK by default; at decode shapes (a handful of rows against a small
+# weight matrix) YNNPACK's dots were 3-20x slower than XLA's own (bench_5m, B=16, one step: LM head
+# [16,256]x[256,4096] 556 -> 26 us, MLP [16,256]x[256,768] ~200 -> ~60 us), while its reductions are fast. Keeping
+# YNNPACK for reductions only, and writing decode attention as reductions (its batched dots are then XLA's, 2x
+# slower than YNNPACK's), a decode step took, alternating in one process (median of 8-14 calls of 64 steps):
+# bench_5m B=16 3.70 -> 3.39 ms, bench_58m B=16 27.0 -> 23.5 ms, bench_5m B=64 at capacity 512 23.6 -> 20.7 ms
+# and at 1024 38.6 -> 36.4 ms. Extend (a tool response appended to a few rows) gained too: its time in
+# bench.rollout's round, 4.3-4.6 -> 3.8-4.0 s over 43 calls. Training and prefill keep the defaults (the update
+# step, thousands of rows, measured 6.0-6.6 s either way and compiles 30% faster with YNNPACK's dots).
+# Since the decode step's attention became our own kernel (`length_aware_decode`), the reductions left are the
+# norms and the vocabulary softmax, and the choice turns on the weight matrices: see `YNN_DOTS_MIN_MATRIX`.
 CPU_SAMPLER_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
 
+# A model whose largest layer matrix (hidden x intermediate, the MLP's) has at least this many elements keeps
+# XLA:CPU's default options in decode and extend too (YNNPACK's dots as well as its reductions): from a matrix
+# that no longer fits a core's L2 beside its neighbours, YNNPACK streams the weights faster than XLA's own dot
+# kernels. Measured with the attention kernel in place, decode steps of 128 tokens after a 64-token prompt,
+# REDUCE-only against the defaults alternating in one process (scratch script, median of 4 calls each):
+# bench_58m B=16 (512 x 1536 = 786K) 24.3-25.8 -> 21.7-23.5 ms (defaults 9-12% faster, in three runs);
+# bench_5m B=16 (256 x 768 = 197K) 2.45 -> 2.55 ms (defaults 4% slower), B=64 7.60 -> 7.27 ms (4% faster, within
+# the noise); demo_1m B=128 (128 x 384 = 49K) 2.74 -> 2.97 ms (8% slower). The threshold sits between the sizes
+# measured, at 2 MiB of float32.
+YNN_DOTS_MIN_MATRIX = 512 * 1024
 
-def sampler_compiler_options(platform: str | None = None) -> dict[str, str] | None:
+
+def sampler_compiler_options(platform: str | None = None, model_cfg=None) -> dict[str, str] | None:
   """Compiler options of the sampler's decode and extend programs for `platform` (default this process's
-  backend): `CPU_SAMPLER_COMPILER_OPTIONS` on XLA:CPU (see `decode_by_reduction`), else None (XLA's defaults)."""
-  return CPU_SAMPLER_COMPILER_OPTIONS if (platform or jax.default_backend()) == "cpu" else None
+  backend) and the model `model_cfg` (a `ModelConfig`; None: a small model): `CPU_SAMPLER_COMPILER_OPTIONS` on
+  XLA:CPU for a model whose layer matrices are under `YNN_DOTS_MIN_MATRIX` elements (see
+  `decode_by_reduction`), else None (XLA's defaults)."""
+  if (platform or jax.default_backend()) != "cpu":
+    return None
+  if model_cfg is not None and model_cfg.hidden_size * model_cfg.intermediate_size >= YNN_DOTS_MIN_MATRIX:
+    return None
+  return CPU_SAMPLER_COMPILER_OPTIONS
 
 
 def decode_by_reduction() -> bool:

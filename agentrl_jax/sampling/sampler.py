@@ -361,10 +361,11 @@ def make_sampler(graphdef: nnx.GraphDef, model_cfg: ModelConfig, sampling: Sampl
       extend=lambda: g(extend, graphdef, sampling),
       decode=lambda: g(decode, graphdef, sampling),
   )
-  # Compiler options of the programs that step over the cache (decode, extend): on XLA:CPU, YNNPACK for
-  # reductions only (see `attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS`); elsewhere, and for prefill, the
-  # defaults.
-  cached_opts = attention_kernels.sampler_compiler_options(None if mesh is None else mesh.devices.flat[0].platform)
+  # Compiler options of the programs that step over the cache (decode, extend): on XLA:CPU with a small model,
+  # YNNPACK for reductions only (see `attention_kernels.sampler_compiler_options`); elsewhere, and for prefill,
+  # the defaults.
+  cached_opts = attention_kernels.sampler_compiler_options(None if mesh is None else mesh.devices.flat[0].platform,
+                                                           model_cfg)
   param_sh = None
   if mesh is None:
     jit_prefill = functools.cache(lambda n: jax.jit(fns["prefill_groups"](n), donate_argnums=(1,)))

@@ -201,6 +201,30 @@ def test_cached_steps_compile_with_the_cpu_sampler_options(monkeypatch, sharded)
     sampler.extend(params, state, rows, tokens, lengths, np.ones(2, bool), budgets, None)
 
 
+def test_cpu_sampler_options_are_chosen_by_the_models_layer_matrices(monkeypatch):
+  """Decode and extend keep YNNPACK for reductions only while a layer matrix (hidden x intermediate) is under
+  `YNN_DOTS_MIN_MATRIX` elements; from there they compile with XLA's defaults (YNNPACK's dots too): an option
+  XLA rejects in `CPU_SAMPLER_COMPILER_OPTIONS` reaches none of that model's compiles."""
+  options = attention_kernels.sampler_compiler_options
+  assert options("cpu", ModelConfig.demo_1m()) == attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS
+  assert options("cpu", ModelConfig.bench_5m()) == attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS
+  assert options("cpu", ModelConfig.bench_58m()) is None
+  assert options("cpu", None) == attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS
+  assert options("tpu", ModelConfig.demo_1m()) is None
+  cfg = dataclasses.replace(ModelConfig.tiny_qwen3(), hidden_size=512, intermediate_size=1024, num_layers=1)
+  assert cfg.hidden_size * cfg.intermediate_size == attention_kernels.YNN_DOTS_MIN_MATRIX
+  graphdef, params = nnx.split(testing.tiny_model(cfg, seed=2))
+  sc = SamplingConfig(segment_len=4)
+  ref = generate(make_sampler(graphdef, cfg, sc, batch=2), params, PROMPTS[:2], key=jax.random.key(0),
+                 max_new_tokens=6)
+  monkeypatch.setattr(attention_kernels, "CPU_SAMPLER_COMPILER_OPTIONS",
+                      {"xla_cpu_experimental_ynn_fusion_type": "NOT_A_FUSION_TYPE"})
+  out = generate(make_sampler(graphdef, cfg, sc, batch=2), params, PROMPTS[:2], key=jax.random.key(0),
+                 max_new_tokens=6)
+  for a, b in zip(out.tokens, ref.tokens, strict=True):  # the same program: the same draws
+    np.testing.assert_array_equal(a, b)
+
+
 def test_sharded_sampler_matches_single_device():
   """fsdp x tensor mesh on the 8 fake CPU devices: same draws as one device; state laid out by the rules."""
   model = testing.tiny_model(seed=7)
