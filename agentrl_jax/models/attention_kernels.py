@@ -86,15 +86,17 @@ def _dense_attention_fwd(qg, k, v, mask_bts, scale):
 CPU_SAMPLER_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
 
 # A model whose largest layer matrix (hidden x intermediate, the MLP's) has at least this many elements keeps
-# XLA:CPU's default options in decode and extend too (YNNPACK's dots as well as its reductions): from a matrix
-# that no longer fits a core's L2 beside its neighbours, YNNPACK streams the weights faster than XLA's own dot
-# kernels. Measured with the attention kernel in place, decode steps of 128 tokens after a 64-token prompt,
-# REDUCE-only against the defaults alternating in one process (scratch script, median of 4 calls each):
-# bench_58m B=16 (512 x 1536 = 786K) 24.3-25.8 -> 21.7-23.5 ms (defaults 9-12% faster, in three runs);
-# bench_5m B=16 (256 x 768 = 197K) 2.45 -> 2.55 ms (defaults 4% slower), B=64 7.60 -> 7.27 ms (4% faster, within
-# the noise); demo_1m B=128 (128 x 384 = 49K) 2.74 -> 2.97 ms (8% slower). The threshold sits between the sizes
-# measured, at 2 MiB of float32.
-YNN_DOTS_MIN_MATRIX = 512 * 1024
+# XLA:CPU's default options in decode and extend too (YNNPACK's dots as well as its reductions): for the larger
+# models YNNPACK's dots stream the weights faster than XLA's own dot kernels. Measured with the attention kernel in
+# place, decode steps of 128 tokens after a 64-token prompt, B=16 unless stated, reductions-only against the
+# defaults alternating in one process (scratch script, median of 4 calls each):
+#   bench_58m (512 x 1536 = 786K)        24.3-25.8 -> 21.7-23.5 ms (defaults 9-12% faster, three runs)
+#   bench_58m at 512 x 1024 (524K)       18.3 -> 18.1 ms (1% faster)
+#   bench_58m at 384 x 1152 (442K)       16.7 -> 15.8 ms (6% faster)
+#   bench_5m (256 x 768 = 197K)          2.45 -> 2.55 ms (4% slower); at B=64 7.60 -> 7.27 ms (within the noise)
+#   demo_1m, B=128 (128 x 384 = 49K)     2.74 -> 2.97 ms (8% slower)
+# The threshold sits between 197K and 442K, at 1 MiB of float32.
+YNN_DOTS_MIN_MATRIX = 256 * 1024
 
 
 def sampler_compiler_options(platform: str | None = None, model_cfg=None) -> dict[str, str] | None:

@@ -211,7 +211,7 @@ def test_cpu_sampler_options_are_chosen_by_the_models_layer_matrices(monkeypatch
   assert options("cpu", ModelConfig.bench_58m()) is None
   assert options("cpu", None) == attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS
   assert options("tpu", ModelConfig.demo_1m()) is None
-  cfg = dataclasses.replace(ModelConfig.tiny_qwen3(), hidden_size=512, intermediate_size=1024, num_layers=1)
+  cfg = dataclasses.replace(ModelConfig.tiny_qwen3(), hidden_size=256, intermediate_size=1024, num_layers=1)
   assert cfg.hidden_size * cfg.intermediate_size == attention_kernels.YNN_DOTS_MIN_MATRIX
   graphdef, params = nnx.split(testing.tiny_model(cfg, seed=2))
   sc = SamplingConfig(segment_len=4)
