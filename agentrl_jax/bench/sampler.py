@@ -125,8 +125,8 @@ def make_step_floor(cfg: ModelConfig, batch: int, ctx: int, steps: int = 16, rep
   # Compiled as XLA:CPU does by default and as a small model's decode program is (YNNPACK for reductions only): the
   # faster of the two is the floor.
   runs = [lowered.compile()]
-  if jax.default_backend() == "cpu":  # the small models' decode options (`sampler_compiler_options`)
-    runs.append(lowered.compile(compiler_options=attention_kernels.CPU_SAMPLER_COMPILER_OPTIONS))
+  if (options := attention_kernels.sampler_compiler_options()) is not None:  # no model: a small model's
+    runs.append(lowered.compile(compiler_options=options))
   for run in runs:
     jax.block_until_ready(run(x0))
   return lambda: min(common.timed(lambda: run(x0)) for _ in range(repeats) for run in runs) / steps

@@ -87,7 +87,7 @@ CPU_SAMPLER_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY
 
 # A model whose largest layer matrix (hidden x intermediate, the MLP's) has at least this many elements keeps
 # XLA:CPU's default options in decode and extend too (YNNPACK's dots as well as its reductions): for the larger
-# models YNNPACK's dots stream the weights faster than XLA's own dot kernels. Measured with the attention kernel in
+# models a step with YNNPACK's dots is faster than with XLA's own dot kernels. Measured with the attention kernel in
 # place, decode steps of 128 tokens after a 64-token prompt, B=16 unless stated, reductions-only against the
 # defaults alternating in one process (scratch script, median of 4 calls each):
 #   bench_58m (512 x 1536 = 786K)        24.3-25.8 -> 21.7-23.5 ms (defaults 9-12% faster, three runs)
