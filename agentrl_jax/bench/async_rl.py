@@ -153,7 +153,7 @@ def run(args) -> dict:
     script_fn = lambda ep: scripts[ep]  # noqa: E731  # episode group * n + sample of the global prompt list
     key = jax.random.key(1)
     trained, t_start, stale, partial = 0, None, [], []
-    decode_calls = tool_wait = rollout_s = 0.0
+    decode_calls = tool_wait = rollout_s = active_rows = 0.0
     try:
       if mode == "async":
         engine = _Engine(sampler, tok, executor, rcfg, prompts)
@@ -174,14 +174,16 @@ def run(args) -> dict:
                                                    for i in range(args.prompts * args.n)])
           if step >= args.warmup:
             decode_calls += rs.decode_calls
+            active_rows += rs.active_rows
             tool_wait += rs.tool_wait_s
         else:
-          calls0 = stream.loop.stats.decode_calls
+          calls0, rows0 = stream.loop.stats.decode_calls, stream.loop.stats.active_rows
           b = stream.next_batch(state.params, version=step)
           eps = [e for p in sorted(b.groups) for e in b.groups[p][0]]
           st = stream.take_stats()
           if step >= args.warmup:
             decode_calls += stream.loop.stats.decode_calls - calls0
+            active_rows += stream.loop.stats.active_rows - rows0
             tool_wait += st.tool_wait_s
             stale += [step - e.version_first for e in eps]
             partial += [e.version_last > e.version_first for e in eps]
@@ -200,7 +202,7 @@ def run(args) -> dict:
       executor.close()
     out = {"tok_s": trained / wall, "wall_s": wall, "trained_tokens": trained, "rollout_s": rollout_s,
            "cpu_s": cpu_s, "cpu_busy_frac": metrics_writer.cpu_busy_frac(cpu_s, wall),
-           "tool_wait_s": tool_wait, "decode_calls": decode_calls,
+           "tool_wait_s": tool_wait, "decode_calls": decode_calls, "rows_per_call": active_rows / max(decode_calls, 1),
            "latency_p50_s": float(np.percentile(latencies, 50)), "latency_p99_s": float(np.percentile(latencies, 99))}
     if mode == "async":
       out.update(staleness_max=float(max(stale)), staleness_mean=float(np.mean(stale)),
@@ -235,7 +237,7 @@ def run(args) -> dict:
       "tool_latency_p50_s": res[("sync", False)]["latency_p50_s"],
       "tool_latency_p99_s": res[("sync", False)]["latency_p99_s"],
       **{f"{m}_{'overlap' if o else 'pause'}_{k}": r[k] for (m, o), r in res.items()
-         for k in ("tok_s", "wall_s", "rollout_s", "tool_wait_s", "decode_calls", "cpu_s")},
+         for k in ("tok_s", "wall_s", "rollout_s", "tool_wait_s", "decode_calls", "rows_per_call", "cpu_s")},
       **common.backend_info(),
   }
   return out

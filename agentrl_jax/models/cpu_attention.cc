@@ -16,14 +16,31 @@
 // slots, out[g, :] = sum_s p[g, s] v[s, :]. The (row, kv head) pairs are shared out over XLA's intra-op thread
 // pool: every participant (the calling thread and the tasks it schedules) takes pairs from one atomic counter, so
 // the call finishes even when no scheduled task ever starts, and state outlives late tasks (shared_ptr).
-
+//
+// Causal self-attention of whole rows for training and scoring (`AgentrlCausalAttentionFwd` / `...Bwd`, the
+// gradient of `cpu_kernels.causal_attention`), with packed segments:
+//   q [B, T, K, G, H], k and v [B, T, K, H], seg [B, T] int32; attributes scale (float), pad_zero (int32).
+//   Query i attends keys j <= i with seg[j] == seg[i] (the model's causal + segment mask). The keys of a query are
+//   the runs of its id up to i, found from the row's runs (one run per packed episode), so a packed row costs what
+//   its episodes do, not T x T. pad_zero: segment id 0 is padding (`rl.batch.pack_minibatch`): its queries attend
+//   nothing (output zeros) and are skipped by the gradient; the tokens of any other id see the same keys as under
+//   the dense mask.
+//   Forward results: out [B, T, K, G, H] and lse [B, K, G, T] (the log-sum-exp of each query's scaled scores).
+//   Backward: from q, k, v, seg, out, lse and the output's cotangent dout, dq, dk and dv (FlashAttention-2's
+//   recomputation: p = exp(scale q.k - lse), dv += p dout, ds = p (dout.v - dout.out), dq += scale ds k,
+//   dk += scale ds q). Each (row, kv head) pair owns its slices of every result, so pairs share no writes; the pairs
+//   go to XLA's intra-op thread pool as in the decode kernel, and the sums run in a fixed order (the results do not
+//   depend on the threads).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
+
+#include <xmmintrin.h>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -162,6 +179,301 @@ ffi::Error SingleQueryAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, f
   return ffi::Error::Success();
 }
 
+
+// ------------------------------------------------------------------------------------------------ training
+struct Run {
+  int64_t start, end;  // [start, end)
+  int32_t id;
+  int64_t prev;  // index of the previous run with the same id, or -1
+};
+
+struct RowAttn {
+  const float* q;
+  const float* k;
+  const float* v;
+  const int32_t* seg;
+  const float* out;   // backward only
+  const float* lse;   // backward only (forward: written)
+  const float* dout;  // backward only
+  float* o_out;       // forward
+  float* lse_out;     // forward
+  float* dq;
+  float* dk;
+  float* dv;
+  int64_t B, T, K, G, H;
+  float scale;
+  bool pad_zero;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+};
+
+// The row's runs of equal ids, each linked to the previous run of its id (runs are few: one per episode).
+void RowRuns(const int32_t* seg, int64_t T, std::vector<Run>& runs, std::vector<int64_t>& run_of) {
+  runs.clear();
+  run_of.resize(T);
+  for (int64_t t = 0; t < T; ++t) {
+    if (t == 0 || seg[t] != seg[t - 1]) {
+      int64_t prev = -1;
+      for (int64_t r = static_cast<int64_t>(runs.size()) - 1; r >= 0; --r)
+        if (runs[r].id == seg[t]) {
+          prev = r;
+          break;
+        }
+      runs.push_back({t, t, seg[t], prev});
+    }
+    runs.back().end = t + 1;
+    run_of[t] = static_cast<int64_t>(runs.size()) - 1;
+  }
+}
+
+// Keys [H, T] and values [H, T] of one (row, kv head), transposed so that a query's scores are sums over
+// contiguous key positions (vectorised over the keys).
+void Transpose(const float* x, int64_t T, int64_t stride, int64_t H, float* xt) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* r = x + t * stride;
+    for (int64_t h = 0; h < H; ++h) xt[h * T + t] = r[h];
+  }
+}
+
+// s[j - a] = sum_h w[h] xt[h, j] for j in [a, b): eight head dimensions at a time (see RunPair).
+void Dots(const float* __restrict__ w, const float* __restrict__ xt, int64_t T, int64_t H, int64_t a, int64_t b,
+          float* __restrict__ s) {
+  const int64_t n = b - a;
+  std::fill(s, s + n, 0.0f);
+  int64_t h = 0;
+  for (; h + 8 <= H; h += 8) {
+    const float* r0 = xt + h * T + a;
+    const float *r1 = r0 + T, *r2 = r1 + T, *r3 = r2 + T, *r4 = r3 + T, *r5 = r4 + T, *r6 = r5 + T, *r7 = r6 + T;
+    const float w0 = w[h], w1 = w[h + 1], w2 = w[h + 2], w3 = w[h + 3], w4 = w[h + 4], w5 = w[h + 5],
+                w6 = w[h + 6], w7 = w[h + 7];
+    for (int64_t j = 0; j < n; ++j)
+      s[j] += ((w0 * r0[j] + w1 * r1[j]) + (w2 * r2[j] + w3 * r3[j])) +
+              ((w4 * r4[j] + w5 * r5[j]) + (w6 * r6[j] + w7 * r7[j]));
+  }
+  for (; h < H; ++h) {
+    const float* r = xt + h * T + a;
+    const float wh = w[h];
+    for (int64_t j = 0; j < n; ++j) s[j] += wh * r[j];
+  }
+}
+
+// One key's terms of the gradients: dq += c k, dk += c q, dv += p dout (c = scale * ds), over the H dimensions.
+void Accumulate(float c, float p, const float* __restrict__ k, const float* __restrict__ q,
+                const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ dk,
+                float* __restrict__ dv, int64_t H) {
+  for (int64_t h = 0; h < H; ++h) {
+    dq[h] += c * k[h];
+    dk[h] += c * q[h];
+    dv[h] += p * dout[h];
+  }
+}
+
+struct Scratch {
+  std::vector<Run> runs;
+  std::vector<int64_t> run_of;
+  std::vector<float> kt, vt, s, dp, acc;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+};
+
+// The key ranges of query t: its own run up to t, then the earlier runs of its id (latest first).
+void Ranges(const Scratch& w, int64_t t, std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  ranges.clear();
+  const Run& own = w.runs[w.run_of[t]];
+  ranges.emplace_back(own.start, t + 1);
+  for (int64_t r = own.prev; r >= 0; r = w.runs[r].prev) ranges.emplace_back(w.runs[r].start, w.runs[r].end);
+}
+
+void ForwardPair(const RowAttn& j, int64_t pair, Scratch& w) {
+  const int64_t b = pair / j.K, kh = pair % j.K, T = j.T, K = j.K, G = j.G, H = j.H;
+  const int32_t* seg = j.seg + b * T;
+  RowRuns(seg, T, w.runs, w.run_of);
+  w.kt.resize(H * T);
+  Transpose(j.k + (b * T * K + kh) * H, T, K * H, H, w.kt.data());
+  w.s.resize(T);
+  w.acc.resize(H);
+  const float* vrow = j.v + (b * T * K + kh) * H;  // value of key t at vrow + t * K * H
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = j.o_out + ((b * T + t) * K + kh) * G * H;
+    float* lse = j.lse_out + (b * K + kh) * G * T + t;  // + g * T
+    if (j.pad_zero && seg[t] == 0) {
+      std::fill(o, o + G * H, 0.0f);
+      for (int64_t g = 0; g < G; ++g) lse[g * T] = 0.0f;
+      continue;
+    }
+    Ranges(w, t, w.ranges);
+    const float* q = j.q + ((b * T + t) * K + kh) * G * H;
+    for (int64_t g = 0; g < G; ++g) {
+      float m = -INFINITY;
+      int64_t off = 0;
+      for (auto [a, e] : w.ranges) {
+        float* s = w.s.data() + off;
+        Dots(q + g * H, w.kt.data(), T, H, a, e, s);
+        for (int64_t i = 0; i < e - a; ++i) {
+          s[i] *= j.scale;
+          m = std::max(m, s[i]);
+        }
+        off += e - a;
+      }
+      float sum = 0.0f;
+      for (int64_t i = 0; i < off; ++i) {
+        w.s[i] = std::exp(w.s[i] - m);
+        sum += w.s[i];
+      }
+      std::fill(w.acc.begin(), w.acc.end(), 0.0f);
+      off = 0;
+      for (auto [a, e] : w.ranges) {
+        for (int64_t key = a; key < e; ++key) {
+          const float p = w.s[off + key - a];
+          const float* vr = vrow + key * K * H;
+          for (int64_t h = 0; h < H; ++h) w.acc[h] += p * vr[h];
+        }
+        off += e - a;
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t h = 0; h < H; ++h) o[g * H + h] = w.acc[h] * inv;
+      lse[g * T] = m + std::log(sum);
+    }
+  }
+}
+
+void BackwardPair(const RowAttn& j, int64_t pair, Scratch& w) {
+  const int64_t b = pair / j.K, kh = pair % j.K, T = j.T, K = j.K, G = j.G, H = j.H;
+  const int32_t* seg = j.seg + b * T;
+  RowRuns(seg, T, w.runs, w.run_of);
+  const int64_t kv0 = (b * T * K + kh) * H;  // key / value t of this pair at kv0 + t * K * H
+  w.kt.resize(H * T);
+  w.vt.resize(H * T);
+  Transpose(j.k + kv0, T, K * H, H, w.kt.data());
+  Transpose(j.v + kv0, T, K * H, H, w.vt.data());
+  for (int64_t t = 0; t < T; ++t) {  // this pair's dq, dk and dv rows, accumulated below
+    std::fill(j.dk + kv0 + t * K * H, j.dk + kv0 + t * K * H + H, 0.0f);
+    std::fill(j.dv + kv0 + t * K * H, j.dv + kv0 + t * K * H + H, 0.0f);
+    const int64_t qo = ((b * T + t) * K + kh) * G * H;
+    std::fill(j.dq + qo, j.dq + qo + G * H, 0.0f);
+  }
+  // Blocks of kBq queries against blocks of kBk keys, so that the block's gradient rows (dk, dv of kBk keys, dq of
+  // kBq queries) stay in the core's first-level cache while every query of the block passes over them.
+  constexpr int64_t kBq = 32, kBk = 64;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> qranges(kBq);
+  std::vector<float> dsum(kBq * G);
+  w.s.resize(kBk);
+  w.dp.resize(kBk);
+  for (int64_t i0 = 0; i0 < T; i0 += kBq) {
+    const int64_t i1 = std::min(i0 + kBq, T);
+    int64_t lo = T;
+    for (int64_t t = i0; t < i1; ++t) {
+      auto& rg = qranges[t - i0];
+      rg.clear();
+      if (j.pad_zero && seg[t] == 0) continue;
+      Ranges(w, t, rg);
+      for (auto [a, e] : rg) lo = std::min(lo, a);
+      const int64_t qo = ((b * T + t) * K + kh) * G * H;
+      for (int64_t g = 0; g < G; ++g) {
+        float d = 0.0f;
+        for (int64_t h = 0; h < H; ++h) d += j.dout[qo + g * H + h] * j.out[qo + g * H + h];
+        dsum[(t - i0) * G + g] = d;
+      }
+    }
+    for (int64_t j0 = lo - lo % kBk; j0 < i1; j0 += kBk) {
+      const int64_t j1 = std::min(j0 + kBk, i1);
+      for (int64_t t = i0; t < i1; ++t) {
+        const int64_t qo = ((b * T + t) * K + kh) * G * H;
+        for (auto [ra, re] : qranges[t - i0]) {
+          const int64_t a = std::max(ra, j0), e = std::min(re, j1);
+          if (a >= e) continue;
+          const int64_t n = e - a;
+          for (int64_t g = 0; g < G; ++g) {
+            const float* q = j.q + qo + g * H;
+            const float* dout = j.dout + qo + g * H;
+            float* dq = j.dq + qo + g * H;
+            const float lse = j.lse[(b * K + kh) * G * T + g * T + t], d = dsum[(t - i0) * G + g];
+            Dots(q, w.kt.data(), T, H, a, e, w.s.data());
+            Dots(dout, w.vt.data(), T, H, a, e, w.dp.data());
+            for (int64_t i = 0; i < n; ++i) {
+              const float p = std::exp(w.s[i] * j.scale - lse);
+              w.s[i] = p;
+              w.dp[i] = p * (w.dp[i] - d) * j.scale;  // scale * ds
+            }
+            for (int64_t i = 0; i < n; ++i) {
+              const int64_t key = a + i;
+              const float p = w.s[i], c = w.dp[i];
+              const int64_t at = kv0 + key * K * H;
+              Accumulate(c, p, j.k + at, q, dout, dq, j.dk + at, j.dv + at, H);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+template <void (*Fn)(const RowAttn&, int64_t, Scratch&)>
+void RowWork(const std::shared_ptr<RowAttn>& job) {
+  // Denormal results flush to zero (and denormal inputs read as zero) on this thread while it works, as in XLA's
+  // own CPU kernels: the softmax's smallest weights and their gradients are denormal, and arithmetic on them is
+  // tens of times slower.
+  const unsigned int csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040);
+  Scratch w;
+  const int64_t pairs = job->B * job->K;
+  int64_t did = 0;
+  for (int64_t p; (p = job->next.fetch_add(1, std::memory_order_relaxed)) < pairs; ++did) Fn(*job, p, w);
+  _mm_setcsr(csr);
+  if (did) job->done.fetch_add(did, std::memory_order_release);
+}
+
+template <void (*Fn)(const RowAttn&, int64_t, Scratch&)>
+void RunRows(ffi::ThreadPool& pool, const std::shared_ptr<RowAttn>& job) {
+  const int64_t pairs = job->B * job->K;
+  const int64_t helpers = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), pairs) - 1;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([job] { RowWork<Fn>(job); });
+  RowWork<Fn>(job);
+  while (job->done.load(std::memory_order_acquire) < pairs) std::this_thread::yield();
+}
+
+// Checks q [B,T,K,G,H], k and v [B,T,K,H], seg [B,T] and fills the job's sizes.
+ffi::Error RowShapes(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& k, ffi::Buffer<ffi::F32>& v,
+                     ffi::Buffer<ffi::S32>& seg, RowAttn& job) {
+  const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), sd = seg.dimensions();
+  if (qd.size() != 5 || kd.size() != 4 || vd.size() != 4 || sd.size() != 2)
+    return ffi::Error::InvalidArgument("causal_attention: q must be rank 5, k and v rank 4, seg rank 2");
+  job.B = qd[0], job.T = qd[1], job.K = qd[2], job.G = qd[3], job.H = qd[4];
+  for (int i = 0; i < 4; ++i)
+    if (kd[i] != (i < 3 ? qd[i] : job.H) || vd[i] != kd[i])
+      return ffi::Error::InvalidArgument("causal_attention: shapes q [B,T,K,G,H], k and v [B,T,K,H] do not agree");
+  if (sd[0] != job.B || sd[1] != job.T)
+    return ffi::Error::InvalidArgument("causal_attention: seg must be [B, T]");
+  job.q = q.typed_data(), job.k = k.typed_data(), job.v = v.typed_data(), job.seg = seg.typed_data();
+  return ffi::Error::Success();
+}
+
+ffi::Error CausalAttentionFwd(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                              ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> seg, float scale, int32_t pad_zero,
+                              ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse) {
+  auto job = std::make_shared<RowAttn>();
+  if (auto e = RowShapes(q, k, v, seg, *job); e.failure()) return e;
+  job->o_out = out->typed_data(), job->lse_out = lse->typed_data();
+  job->scale = scale, job->pad_zero = pad_zero != 0;
+  if (job->B * job->K == 0 || job->T * job->G * job->H == 0) return ffi::Error::Success();
+  RunRows<ForwardPair>(pool, job);
+  return ffi::Error::Success();
+}
+
+ffi::Error CausalAttentionBwd(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                              ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> seg, ffi::Buffer<ffi::F32> out,
+                              ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> dout, float scale, int32_t pad_zero,
+                              ffi::ResultBuffer<ffi::F32> dq, ffi::ResultBuffer<ffi::F32> dk,
+                              ffi::ResultBuffer<ffi::F32> dv) {
+  auto job = std::make_shared<RowAttn>();
+  if (auto e = RowShapes(q, k, v, seg, *job); e.failure()) return e;
+  job->out = out.typed_data(), job->lse = lse.typed_data(), job->dout = dout.typed_data();
+  job->dq = dq->typed_data(), job->dk = dk->typed_data(), job->dv = dv->typed_data();
+  job->scale = scale, job->pad_zero = pad_zero != 0;
+  if (job->B * job->K == 0 || job->T * job->G * job->H == 0) return ffi::Error::Success();
+  RunRows<BackwardPair>(pool, job);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AgentrlSingleQueryAttention, SingleQueryAttention,
@@ -172,4 +484,32 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AgentrlSingleQueryAttention, SingleQueryAttention,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Attr<float>("scale")
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AgentrlCausalAttentionFwd, CausalAttentionFwd,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("pad_zero")
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AgentrlCausalAttentionBwd, CausalAttentionBwd,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("pad_zero")
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

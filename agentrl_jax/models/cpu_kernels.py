@@ -4,6 +4,12 @@
 (`cpu_attention.cc`), where the XLA form (`attention_kernels.single_query_attention`) reads every row's whole
 capacity under a mask. The sampler's decode program on XLA:CPU takes it when `available()`.
 
+`causal_attention`: causal self-attention of whole rows with packed segments, forward and gradient (training and
+scoring), that computes each query against its own segment's earlier keys only, where the XLA form
+(`attention_kernels.causal_blocked_attention`) computes every query block against every key block up to it under a
+mask: a row of packed episodes costs what its episodes do, and its padding nothing. The model takes it on XLA:CPU
+for rows longer than one attention block (`attention_kernels.row_attention_kernel`).
+
 The C++ source is compiled on first use, on the machine that runs it (`-O3 -march=native`), into a cache directory
 (`AGENTRL_KERNEL_CACHE`, default `~/.cache/agentrl_jax/kernels`), keyed by the source, the jaxlib version (its FFI
 headers), the compiler and the CPU's flags: a build takes a few seconds once per machine, and concurrent processes
@@ -33,6 +39,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = pathlib.Path(__file__).with_name("cpu_attention.cc")
 TARGET = "agentrl_single_query_attention"
+FWD_TARGET = "agentrl_causal_attention_fwd"
+BWD_TARGET = "agentrl_causal_attention_bwd"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 
 
@@ -95,6 +103,8 @@ def available() -> bool:
   try:
     lib = ctypes.cdll.LoadLibrary(str(build(cxx)))
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.AgentrlSingleQueryAttention), platform="cpu")
+    jax.ffi.register_ffi_target(FWD_TARGET, jax.ffi.pycapsule(lib.AgentrlCausalAttentionFwd), platform="cpu")
+    jax.ffi.register_ffi_target(BWD_TARGET, jax.ffi.pycapsule(lib.AgentrlCausalAttentionBwd), platform="cpu")
   except (OSError, RuntimeError, AttributeError) as e:
     log.warning("cpu_kernels: the length-aware decode attention is unavailable, decode keeps the XLA form: %s", e)
     return False
@@ -110,3 +120,50 @@ def single_query_attention(q: Float[Array, "B K G H"], k_t: Float[Array, "B K H 
   call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32), vmap_method="sequential")
   return call(q.astype(jnp.float32), k_t.astype(jnp.float32), v.astype(jnp.float32), valid.astype(jnp.int32),
               scale=np.float32(scale))
+
+
+def _lse_shape(q):
+  b, t, k, g, _ = q.shape
+  return jax.ShapeDtypeStruct((b, k, g, t), jnp.float32)
+
+
+def _fwd_call(q, k, v, seg, scale, pad_zero):
+  call = jax.ffi.ffi_call(FWD_TARGET, (jax.ShapeDtypeStruct(q.shape, jnp.float32), _lse_shape(q)),
+                          vmap_method="sequential")
+  return call(q, k, v, seg, scale=np.float32(scale), pad_zero=np.int32(pad_zero))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _causal_attention(q, k, v, seg, scale, pad_zero):
+  return _fwd_call(q, k, v, seg, scale, pad_zero)[0]
+
+
+def _causal_attention_fwd(q, k, v, seg, scale, pad_zero):
+  out, lse = _fwd_call(q, k, v, seg, scale, pad_zero)
+  return out, (q, k, v, seg, out, lse)
+
+
+def _causal_attention_bwd(scale, pad_zero, res, dout):
+  q, k, v, seg, out, lse = res
+  call = jax.ffi.ffi_call(BWD_TARGET, (jax.ShapeDtypeStruct(q.shape, jnp.float32),
+                                       jax.ShapeDtypeStruct(k.shape, jnp.float32),
+                                       jax.ShapeDtypeStruct(v.shape, jnp.float32)), vmap_method="sequential")
+  dq, dk, dv = call(q, k, v, seg, out, lse, dout.astype(jnp.float32), scale=np.float32(scale),
+                    pad_zero=np.int32(pad_zero))
+  return dq, dk, dv, np.zeros(seg.shape, jax.dtypes.float0)
+
+
+_causal_attention.defvjp(_causal_attention_fwd, _causal_attention_bwd)
+
+
+def causal_attention(qg: Float[Array, "B T K G H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
+                     segment_ids: Int[Array, "B T"] | None, scale: float) -> Float[Array, "B T K G H"]:
+  """Causal self-attention of whole rows (float32; differentiable in q, k and v): query t attends the keys s <= t
+  of its own segment, as `attention_kernels.causal_blocked_attention` under the model's causal + segment mask, the
+  same sums in another order. `segment_ids` None: one sequence per row. With segment ids, id 0 is padding
+  (`rl.batch.pack_minibatch`, `sft.packing`): its queries attend nothing and output zeros, where the dense form
+  lets them attend the padding before them; nothing reads those outputs (every loss masks padding) and no other
+  token sees them. Requires `available()`."""
+  seg = jnp.ones(qg.shape[:2], jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+  return _causal_attention(qg.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), seg,
+                           float(scale), int(segment_ids is not None))

@@ -162,6 +162,8 @@ class Attention(nnx.Module):
       out = attention_kernels.splash_attention(qg, k, v, segment_ids, scale, interpret=cfg.attention_interpret)
     elif cfg.attention_impl == "cudnn":
       out = attention_kernels.cudnn_attention(qg, k, v, segment_ids, scale)
+    elif attention_kernels.row_attention_kernel(qg.dtype, t):
+      out = cpu_kernels.causal_attention(qg, k, v, segment_ids, scale).astype(qg.dtype)
     else:
       out = attention_kernels.causal_blocked_attention(qg, k, v, mask_bts, scale, cfg.attention_block)
     out = out.reshape(b, t, cfg.num_heads, cfg.head_dim)
@@ -367,9 +369,9 @@ class Qwen(nnx.Module):
       if segment_ids is not None:
         mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
       mask = jnp.broadcast_to(mask, (b, t, t))
+      segs = None if segment_ids is None else segment_ids.astype(jnp.int32)
       if cfg.attention_impl != "xla":
         attention_kernels.check_backend(cfg.attention_impl, cfg.attention_interpret)
-        segs = None if segment_ids is None else segment_ids.astype(jnp.int32)
     elif cache is not None:
       if positions is not None or segment_ids is not None:
         raise ValueError("positions/segment_ids are implied by the cache; do not pass them in cache mode")
