@@ -133,14 +133,18 @@ ROW_KERNEL_MIN_LEN = 256  # rows up to one default attention block keep the dens
 
 
 def row_attention_kernel(dtype, t: int) -> bool:
-  """True where causal self-attention without a cache (training, scoring) takes our XLA:CPU kernel
-  (`cpu_kernels.causal_attention`: each query against its own segment's earlier keys only, padding skipped)
-  instead of `causal_blocked_attention` (every block up to the diagonal under the mask): on XLA:CPU, float32, one
-  device (a custom call GSPMD cannot split), rows longer than `ROW_KERNEL_MIN_LEN`, and the kernel built.
+  """True where causal self-attention of packed rows without a cache (training, scoring; the model asks only when
+  it has segment ids) takes our XLA:CPU kernel (`cpu_kernels.causal_attention`: each query against its own
+  segment's earlier keys only, padding skipped) instead of `causal_blocked_attention` (every block up to the
+  diagonal under the mask): on XLA:CPU, float32, one device (a custom call GSPMD cannot split), rows longer than
+  `ROW_KERNEL_MIN_LEN`, and the kernel built.
 
-  Measured (fwd+bwd of one layer, 2 rows of 1,536 tokens holding one 900-token episode each, as the RL update's
-  packed rows do): 2 kv heads x 2 queries of 16 dims 104 -> 32 ms, of 64 dims 135 -> 94 ms; at 256 tokens and
-  below the two are within a millisecond or two, so short rows (the main job's) keep the dense form."""
+  The kernel wins by the work it skips, not by its speed per query-key pair, which is 2-3x below XLA's matmuls:
+  measured (fwd+bwd of one layer, 2 kv heads x 2 queries), 2 rows of 1,536 tokens holding one 900-token episode
+  each (`bench.async_rl`'s packed update) 104 -> 32 ms with 16-dim heads and 135 -> 94 ms with 64, but rows of one
+  sequence filling them 7.8 -> 15 ms (512 tokens, 16 dims) and 57 -> 126 ms (1,024, 64 dims). So it serves packed
+  rows (several episodes or padding per row) only; rows of one sequence (`segment_ids` None: the update bench's,
+  the unpacked update and scoring) keep the dense form, and so do rows up to 256 tokens (the main job's)."""
   mesh = jax.sharding.get_abstract_mesh()
   return (target_platform() == "cpu" and jnp.dtype(dtype) == jnp.float32 and t > ROW_KERNEL_MIN_LEN
           and (mesh.empty or mesh.size == 1) and cpu_kernels.available())

@@ -162,7 +162,7 @@ class Attention(nnx.Module):
       out = attention_kernels.splash_attention(qg, k, v, segment_ids, scale, interpret=cfg.attention_interpret)
     elif cfg.attention_impl == "cudnn":
       out = attention_kernels.cudnn_attention(qg, k, v, segment_ids, scale)
-    elif attention_kernels.row_attention_kernel(qg.dtype, t):
+    elif segment_ids is not None and attention_kernels.row_attention_kernel(qg.dtype, t):
       out = cpu_kernels.causal_attention(qg, k, v, segment_ids, scale).astype(qg.dtype)
     else:
       out = attention_kernels.causal_blocked_attention(qg, k, v, mask_bts, scale, cfg.attention_block)

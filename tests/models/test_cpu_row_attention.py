@@ -3,8 +3,9 @@
 It must give the dense form's outputs and gradients (`attention_kernels.causal_blocked_attention` under the
 model's causal + segment mask) for every token that is not padding, with segments packed back to back, an id that
 comes back after another segment, and one sequence per row (`segment_ids` None); padding (id 0 of packed rows)
-outputs zeros and takes no gradient; and it is what the model's training forward takes on one CPU device for rows
-longer than `ROW_KERNEL_MIN_LEN`, with the same logits and parameter gradients."""
+outputs zeros and takes no gradient; and it is what the model's training forward takes for packed rows on one CPU
+device longer than `ROW_KERNEL_MIN_LEN`, with the same logits and parameter gradients (rows of one sequence keep
+the dense form)."""
 
 from flax import nnx
 import jax
@@ -112,6 +113,9 @@ def test_the_models_packed_forward_and_gradients_match_the_dense_form(monkeypatc
   monkeypatch.setattr(cpu_kernels, "causal_attention", lambda *a: calls.append(1) or kernel(*a))
   (_, got), g_got = jax.value_and_grad(loss, has_aux=True)(params)
   assert calls, "the model's forward did not take the kernel"
+  calls.clear()
+  model(tokens)  # rows of one sequence: the dense form
+  assert not calls, "rows of one sequence must keep the dense form"
   monkeypatch.setattr(attention_kernels, "row_attention_kernel", lambda *a: False)
   (_, want), g_want = jax.value_and_grad(loss, has_aux=True)(params)
   np.testing.assert_allclose(np.asarray(got * real), np.asarray(want * real), rtol=1e-4, atol=1e-5)
