@@ -20,9 +20,9 @@ tokens of the updated episodes) per second over the timed steps (after `--warmup
 everything); speedup = async / sync tok/s, each at its faster schedule (speedup_same_schedule_*: per schedule);
 *_staleness_max, async_partial_frac: what the async run trained on; tool_latency_p50_s / p99_s: of the calls
 made; per mode and schedule, *_wall_s (timed steps), *_rollout_s (the trainer waiting for its batch: the whole
-rollout when synchronous), *_tool_wait_s (the loop blocked on tools with nothing to decode), *_decode_calls and
-*_cpu_s (CPU seconds of the process over the timed steps). sync_cpu_busy_frac / async_cpu_busy_frac: the
-fraction of the host's cores those CPU seconds filled (`metrics_writer.cpu_busy_frac`); speedup_at_full_cores =
+rollout when synchronous), *_tool_wait_s (the loop blocked on tools with nothing to decode), *_decode_calls,
+*_rows_per_call (rows decoding per call, of `--rows`) and *_cpu_s (CPU seconds of the process over the timed
+steps). sync_cpu_busy_frac / async_cpu_busy_frac: the fraction of the host's cores those CPU seconds filled (`metrics_writer.cpu_busy_frac`); speedup_at_full_cores =
 1 / sync_cpu_busy_frac, the synchronous loop's CPU work done with every core busy throughout: where decode and
 update already fill the cores, overlapping them (the remote tools cost no CPU) gains no more than that; a schedule
 beats it only by doing less work (fewer, fuller decode calls).

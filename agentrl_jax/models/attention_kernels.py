@@ -139,12 +139,12 @@ def row_attention_kernel(dtype, t: int) -> bool:
   diagonal under the mask): on XLA:CPU, float32, one device (a custom call GSPMD cannot split), rows longer than
   `ROW_KERNEL_MIN_LEN`, and the kernel built.
 
-  The kernel wins by the work it skips, not by its speed per query-key pair, which is 2-3x below XLA's matmuls:
-  measured (fwd+bwd of one layer, 2 kv heads x 2 queries), 2 rows of 1,536 tokens holding one 900-token episode
-  each (`bench.async_rl`'s packed update) 104 -> 32 ms with 16-dim heads and 135 -> 94 ms with 64, but rows of one
-  sequence filling them 7.8 -> 15 ms (512 tokens, 16 dims) and 57 -> 126 ms (1,024, 64 dims). So it serves packed
-  rows (several episodes or padding per row) only; rows of one sequence (`segment_ids` None: the update bench's,
-  the unpacked update and scoring) keep the dense form, and so do rows up to 256 tokens (the main job's)."""
+  Measured (fwd+bwd of one layer, 2 kv heads x 2 queries, 2 rows): rows of 1,536 tokens holding one 900-token
+  episode each (`bench.async_rl`'s packed update) 99 -> 19 ms with 16-dim heads and 130 -> 50 ms with 64; rows of
+  one sequence filling them 7.7 -> 6.3 ms (512 tokens, 16 dims) but 58 -> 65 ms (1,024 tokens, 64 dims: XLA's
+  matmuls do more per query-key pair than the kernel's tiles). So it serves packed rows, where it skips other
+  episodes and padding; rows of one sequence (`segment_ids` None: the update bench's, unpacked updates, scoring)
+  keep the dense form, and so do rows up to 256 tokens (the main job's)."""
   mesh = jax.sharding.get_abstract_mesh()
   return (target_platform() == "cpu" and jnp.dtype(dtype) == jnp.float32 and t > ROW_KERNEL_MIN_LEN
           and (mesh.empty or mesh.size == 1) and cpu_kernels.available())

@@ -28,13 +28,15 @@
 //   Forward results: out [B, T, K, G, H] and lse [B, K, G, T] (the log-sum-exp of each query's scaled scores).
 //   Backward: from q, k, v, seg, out, lse and the output's cotangent dout, dq, dk and dv (FlashAttention-2's
 //   recomputation: p = exp(scale q.k - lse), dv += p dout, ds = p (dout.v - dout.out), dq += scale ds k,
-//   dk += scale ds q). Each (row, kv head) pair owns its slices of every result, so pairs share no writes; the pairs
-//   go to XLA's intra-op thread pool as in the decode kernel, and the sums run in a fixed order (the results do not
-//   depend on the threads).
+//   dk += scale ds q). Both passes go over micro-tiles of up to four consecutive queries of one run x their heads,
+//   whose keys are loaded once for the tile. Each (row, kv head) pair owns its slices of every result, so pairs
+//   share no writes; the pairs go to XLA's intra-op thread pool as in the decode kernel, and the sums run in a
+//   fixed order (the results do not depend on the threads). Denormals flush to zero while a pass runs.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -235,28 +237,6 @@ void Transpose(const float* x, int64_t T, int64_t stride, int64_t H, float* xt) 
   }
 }
 
-// s[j - a] = sum_h w[h] xt[h, j] for j in [a, b): eight head dimensions at a time (see RunPair).
-void Dots(const float* __restrict__ w, const float* __restrict__ xt, int64_t T, int64_t H, int64_t a, int64_t b,
-          float* __restrict__ s) {
-  const int64_t n = b - a;
-  std::fill(s, s + n, 0.0f);
-  int64_t h = 0;
-  for (; h + 8 <= H; h += 8) {
-    const float* r0 = xt + h * T + a;
-    const float *r1 = r0 + T, *r2 = r1 + T, *r3 = r2 + T, *r4 = r3 + T, *r5 = r4 + T, *r6 = r5 + T, *r7 = r6 + T;
-    const float w0 = w[h], w1 = w[h + 1], w2 = w[h + 2], w3 = w[h + 3], w4 = w[h + 4], w5 = w[h + 5],
-                w6 = w[h + 6], w7 = w[h + 7];
-    for (int64_t j = 0; j < n; ++j)
-      s[j] += ((w0 * r0[j] + w1 * r1[j]) + (w2 * r2[j] + w3 * r3[j])) +
-              ((w4 * r4[j] + w5 * r5[j]) + (w6 * r6[j] + w7 * r7[j]));
-  }
-  for (; h < H; ++h) {
-    const float* r = xt + h * T + a;
-    const float wh = w[h];
-    for (int64_t j = 0; j < n; ++j) s[j] += wh * r[j];
-  }
-}
-
 // One key's terms of the gradients: dq += c k, dk += c q, dv += p dout (c = scale * ds), over the H dimensions.
 void Accumulate(float c, float p, const float* __restrict__ k, const float* __restrict__ q,
                 const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ dk,
@@ -271,7 +251,7 @@ void Accumulate(float c, float p, const float* __restrict__ k, const float* __re
 struct Scratch {
   std::vector<Run> runs;
   std::vector<int64_t> run_of;
-  std::vector<float> kt, vt, s, dp, acc;
+  std::vector<float> kt, vt;
   std::vector<std::pair<int64_t, int64_t>> ranges;
 };
 
@@ -283,56 +263,269 @@ void Ranges(const Scratch& w, int64_t t, std::vector<std::pair<int64_t, int64_t>
   for (int64_t r = own.prev; r >= 0; r = w.runs[r].prev) ranges.emplace_back(w.runs[r].start, w.runs[r].end);
 }
 
+// Micro-tiles: up to kRows rows (a query and one of its heads) against the same keys, each key loaded once for all
+// of them, eight keys (or head dimensions) per vector. GCC's vector extension: SSE, AVX or AVX-512 as -march allows.
+typedef float V8 __attribute__((vector_size(32)));
+inline V8 Load8(const float* p) {
+  V8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void Store8(float* p, V8 v) { std::memcpy(p, &v, sizeof v); }
+constexpr int kRows = 4;
+constexpr int64_t kTileQueries = 4;  // consecutive queries of one run share their keys up to the first of them
+
+// s[r][i] = sum_h w[r][h] xt[h, a + i] for i < n (xt: [H, T], the keys or values transposed).
+template <int NR>
+void TileDots(const float* const* w, const float* xt, int64_t T, int64_t H, int64_t a, int64_t n, float* const* s) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {  // sixteen keys: each row's weight loaded once for two vectors
+    V8 acc0[NR] = {}, acc1[NR] = {};
+    for (int64_t h = 0; h < H; ++h) {
+      const V8 x0 = Load8(xt + h * T + a + i), x1 = Load8(xt + h * T + a + i + 8);
+      for (int r = 0; r < NR; ++r) {
+        const float wr = w[r][h];
+        acc0[r] += wr * x0;
+        acc1[r] += wr * x1;
+      }
+    }
+    for (int r = 0; r < NR; ++r) Store8(s[r] + i, acc0[r]), Store8(s[r] + i + 8, acc1[r]);
+  }
+  for (; i + 8 <= n; i += 8) {
+    V8 acc[NR] = {};
+    for (int64_t h = 0; h < H; ++h) {
+      const V8 x = Load8(xt + h * T + a + i);
+      for (int r = 0; r < NR; ++r) acc[r] += w[r][h] * x;
+    }
+    for (int r = 0; r < NR; ++r) Store8(s[r] + i, acc[r]);
+  }
+  for (; i < n; ++i)
+    for (int r = 0; r < NR; ++r) {
+      float acc = 0.0f;
+      for (int64_t h = 0; h < H; ++h) acc += w[r][h] * xt[h * T + a + i];
+      s[r][i] = acc;
+    }
+}
+
+// out[r][h] += sum_i p[r][i] x[(a + i) * stride + h] (x: keys or values in the operands' layout).
+template <int NR>
+void TileAxpy(const float* const* p, const float* x, int64_t stride, int64_t H, int64_t a, int64_t n,
+              float* const* out) {
+  int64_t h = 0;
+  for (; h + 16 <= H; h += 16) {  // sixteen dimensions: each row's weight loaded once for two vectors
+    V8 acc0[NR], acc1[NR];
+    for (int r = 0; r < NR; ++r) acc0[r] = Load8(out[r] + h), acc1[r] = Load8(out[r] + h + 8);
+    for (int64_t i = 0; i < n; ++i) {
+      const V8 x0 = Load8(x + (a + i) * stride + h), x1 = Load8(x + (a + i) * stride + h + 8);
+      for (int r = 0; r < NR; ++r) {
+        const float pr = p[r][i];
+        acc0[r] += pr * x0;
+        acc1[r] += pr * x1;
+      }
+    }
+    for (int r = 0; r < NR; ++r) Store8(out[r] + h, acc0[r]), Store8(out[r] + h + 8, acc1[r]);
+  }
+  for (; h + 8 <= H; h += 8) {
+    V8 acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = Load8(out[r] + h);
+    for (int64_t i = 0; i < n; ++i) {
+      const V8 xv = Load8(x + (a + i) * stride + h);
+      for (int r = 0; r < NR; ++r) acc[r] += p[r][i] * xv;
+    }
+    for (int r = 0; r < NR; ++r) Store8(out[r] + h, acc[r]);
+  }
+  for (; h < H; ++h)
+    for (int r = 0; r < NR; ++r) {
+      float acc = out[r][h];
+      for (int64_t i = 0; i < n; ++i) acc += p[r][i] * x[(a + i) * stride + h];
+      out[r][h] = acc;
+    }
+}
+
+// dk[a + i] += sum_r c[r][i] q[r], dv[a + i] += sum_r p[r][i] dout[r] (rows of the operands' layout): eight head
+// dimensions at a time, the rows' q and dout of those dimensions held in registers over the keys.
+template <int NR>
+void TileKeyGrads(const float* const* c, const float* const* q, const float* const* p, const float* const* dout,
+                  float* dk, float* dv, int64_t stride, int64_t H, int64_t a, int64_t n) {
+  int64_t h = 0;
+  for (; h + 8 <= H; h += 8) {
+    V8 qv[NR], ov[NR];
+    const float* cr[NR];
+    const float* pr[NR];
+    for (int r = 0; r < NR; ++r) qv[r] = Load8(q[r] + h), ov[r] = Load8(dout[r] + h), cr[r] = c[r], pr[r] = p[r];
+    float* dkr = dk + a * stride + h;
+    float* dvr = dv + a * stride + h;
+    for (int64_t i = 0; i < n; ++i, dkr += stride, dvr += stride) {
+      V8 k = Load8(dkr), v = Load8(dvr);
+      for (int r = 0; r < NR; ++r) {
+        k += cr[r][i] * qv[r];
+        v += pr[r][i] * ov[r];
+      }
+      Store8(dkr, k);
+      Store8(dvr, v);
+    }
+  }
+  for (; h < H; ++h)
+    for (int64_t i = 0; i < n; ++i)
+      for (int r = 0; r < NR; ++r) {
+        dk[(a + i) * stride + h] += c[r][i] * q[r][h];
+        dv[(a + i) * stride + h] += p[r][i] * dout[r][h];
+      }
+}
+
+// Runs F<NR> over the rows [0, R) in blocks of kRows, with `ptrs` arrays offset to each block.
+template <template <int> class F, typename... Args>
+void ForRowBlocks(int64_t R, Args... args) {
+  int64_t r = 0;
+  for (; r + kRows <= R; r += kRows) F<kRows>::Run(r, args...);
+  switch (R - r) {
+    case 3: F<3>::Run(r, args...); break;
+    case 2: F<2>::Run(r, args...); break;
+    case 1: F<1>::Run(r, args...); break;
+    default: break;
+  }
+}
+
+// The tile's rows: query t0 + r / G, head r % G; every row reads the common key ranges (those of query t0), and
+// row r's query also the tail keys (t0, t0 + r / G].
+struct Tile {
+  int64_t t0, nq, R;
+  std::vector<const float*> q, dout, out_in;
+  std::vector<float*> s, dp, o, dq;
+  std::vector<float> lse, dsum, m, sum;
+};
+
+template <int NR>
+struct DotsF {
+  static void Run(int64_t r, const std::vector<const float*>* w, const float* xt, int64_t T, int64_t H, int64_t a,
+                  int64_t n, std::vector<float*>* s, int64_t off) {
+    float* sp[NR];
+    for (int i = 0; i < NR; ++i) sp[i] = (*s)[r + i] + off;
+    TileDots<NR>(w->data() + r, xt, T, H, a, n, sp);
+  }
+};
+
+template <int NR>
+struct AxpyF {
+  static void Run(int64_t r, std::vector<float*>* p, const float* x, int64_t stride, int64_t H, int64_t a, int64_t n,
+                  std::vector<float*>* out, int64_t off) {
+    const float* pp[NR];
+    for (int i = 0; i < NR; ++i) pp[i] = (*p)[r + i] + off;
+    TileAxpy<NR>(pp, x, stride, H, a, n, out->data() + r);
+  }
+};
+
+template <int NR>
+struct KeyGradsF {
+  static void Run(int64_t r, Tile* tl, float* dk, float* dv, int64_t stride, int64_t H, int64_t a, int64_t n,
+                  int64_t off) {
+    const float *c[NR], *p[NR];
+    for (int i = 0; i < NR; ++i) c[i] = tl->dp[r + i] + off, p[i] = tl->s[r + i] + off;
+    TileKeyGrads<NR>(c, tl->q.data() + r, p, tl->dout.data() + r, dk, dv, stride, H, a, n);
+  }
+};
+
+// The scores of the tile's rows against their keys, unscaled: the common ranges at [0, ncommon), then row r's
+// tail keys after them. xt: the keys (or values) transposed; w: the rows' vectors.
+int64_t TileScores(const Scratch& w, const Tile& tl, const std::vector<const float*>& vecs, const float* xt,
+                   int64_t T, int64_t H, int64_t G, std::vector<float*>& s) {
+  int64_t off = 0;
+  for (auto [a, e] : w.ranges) {
+    ForRowBlocks<DotsF>(tl.R, &vecs, xt, T, H, a, e - a, &s, off);
+    off += e - a;
+  }
+  for (int64_t r = 0; r < tl.R; ++r)
+    for (int64_t key = tl.t0 + 1; key <= tl.t0 + r / G; ++key) {
+      float acc = 0.0f;
+      for (int64_t h = 0; h < H; ++h) acc += vecs[r][h] * xt[h * T + key];
+      s[r][off + key - tl.t0 - 1] = acc;
+    }
+  return off;
+}
+
+// The tile starting at query t0 of the pair: up to kTileQueries consecutive queries of t0's run (one id).
+int64_t TileQueries(const Scratch& w, int64_t t0) {
+  const int64_t end = w.runs[w.run_of[t0]].end;
+  return std::min<int64_t>(kTileQueries, end - t0);
+}
+
+void SetupTile(const RowAttn& j, int64_t b, int64_t kh, int64_t t0, int64_t nq, Tile& tl, int64_t width,
+               std::vector<float>& sbuf, std::vector<float>& dpbuf, bool backward) {
+  const int64_t T = j.T, K = j.K, G = j.G, H = j.H;
+  tl.t0 = t0, tl.nq = nq, tl.R = nq * G;
+  tl.q.resize(tl.R), tl.dout.resize(tl.R), tl.out_in.resize(tl.R), tl.s.resize(tl.R), tl.dp.resize(tl.R);
+  tl.o.resize(tl.R), tl.dq.resize(tl.R);
+  if (sbuf.size() < static_cast<size_t>(tl.R * width)) sbuf.resize(tl.R * width);
+  if (backward && dpbuf.size() < static_cast<size_t>(tl.R * width)) dpbuf.resize(tl.R * width);
+  for (int64_t r = 0; r < tl.R; ++r) {
+    const int64_t at = ((b * T + t0 + r / G) * K + kh) * G * H + (r % G) * H;
+    tl.q[r] = j.q + at;
+    tl.s[r] = sbuf.data() + r * width;
+    if (backward) {
+      tl.dout[r] = j.dout + at, tl.out_in[r] = j.out + at, tl.dq[r] = j.dq + at;
+      tl.dp[r] = dpbuf.data() + r * width;
+    } else {
+      tl.o[r] = j.o_out + at;
+    }
+  }
+}
+
 void ForwardPair(const RowAttn& j, int64_t pair, Scratch& w) {
   const int64_t b = pair / j.K, kh = pair % j.K, T = j.T, K = j.K, G = j.G, H = j.H;
   const int32_t* seg = j.seg + b * T;
   RowRuns(seg, T, w.runs, w.run_of);
   w.kt.resize(H * T);
   Transpose(j.k + (b * T * K + kh) * H, T, K * H, H, w.kt.data());
-  w.s.resize(T);
-  w.acc.resize(H);
   const float* vrow = j.v + (b * T * K + kh) * H;  // value of key t at vrow + t * K * H
-  for (int64_t t = 0; t < T; ++t) {
-    float* o = j.o_out + ((b * T + t) * K + kh) * G * H;
-    float* lse = j.lse_out + (b * K + kh) * G * T + t;  // + g * T
-    if (j.pad_zero && seg[t] == 0) {
-      std::fill(o, o + G * H, 0.0f);
-      for (int64_t g = 0; g < G; ++g) lse[g * T] = 0.0f;
+  Tile tl;
+  std::vector<float> sbuf, unused;
+  for (int64_t t0 = 0; t0 < T;) {
+    if (j.pad_zero && seg[t0] == 0) {
+      std::fill(j.o_out + ((b * T + t0) * K + kh) * G * H, j.o_out + ((b * T + t0) * K + kh + 1) * G * H, 0.0f);
+      for (int64_t g = 0; g < G; ++g) j.lse_out[(b * K + kh) * G * T + g * T + t0] = 0.0f;
+      ++t0;
       continue;
     }
-    Ranges(w, t, w.ranges);
-    const float* q = j.q + ((b * T + t) * K + kh) * G * H;
-    for (int64_t g = 0; g < G; ++g) {
+    const int64_t nq = TileQueries(w, t0);
+    Ranges(w, t0, w.ranges);
+    int64_t ncommon = 0;
+    for (auto [a, e] : w.ranges) ncommon += e - a;
+    SetupTile(j, b, kh, t0, nq, tl, ncommon + nq, sbuf, unused, false);
+    TileScores(w, tl, tl.q, w.kt.data(), T, H, G, tl.s);
+    tl.sum.resize(tl.R);
+    for (int64_t r = 0; r < tl.R; ++r) {
+      const int64_t n = ncommon + r / G;
+      float* s = tl.s[r];
       float m = -INFINITY;
-      int64_t off = 0;
-      for (auto [a, e] : w.ranges) {
-        float* s = w.s.data() + off;
-        Dots(q + g * H, w.kt.data(), T, H, a, e, s);
-        for (int64_t i = 0; i < e - a; ++i) {
-          s[i] *= j.scale;
-          m = std::max(m, s[i]);
-        }
-        off += e - a;
+      for (int64_t i = 0; i < n; ++i) {
+        s[i] *= j.scale;
+        m = std::max(m, s[i]);
       }
       float sum = 0.0f;
-      for (int64_t i = 0; i < off; ++i) {
-        w.s[i] = std::exp(w.s[i] - m);
-        sum += w.s[i];
+      for (int64_t i = 0; i < n; ++i) {
+        s[i] = std::exp(s[i] - m);
+        sum += s[i];
       }
-      std::fill(w.acc.begin(), w.acc.end(), 0.0f);
-      off = 0;
-      for (auto [a, e] : w.ranges) {
-        for (int64_t key = a; key < e; ++key) {
-          const float p = w.s[off + key - a];
-          const float* vr = vrow + key * K * H;
-          for (int64_t h = 0; h < H; ++h) w.acc[h] += p * vr[h];
-        }
-        off += e - a;
-      }
-      const float inv = 1.0f / sum;
-      for (int64_t h = 0; h < H; ++h) o[g * H + h] = w.acc[h] * inv;
-      lse[g * T] = m + std::log(sum);
+      tl.sum[r] = sum;
+      j.lse_out[(b * K + kh) * G * T + (r % G) * T + t0 + r / G] = m + std::log(sum);
+      std::fill(tl.o[r], tl.o[r] + H, 0.0f);
     }
+    int64_t off = 0;
+    for (auto [a, e] : w.ranges) {
+      ForRowBlocks<AxpyF>(tl.R, &tl.s, vrow, K * H, H, a, e - a, &tl.o, off);
+      off += e - a;
+    }
+    for (int64_t r = 0; r < tl.R; ++r) {
+      float* o = tl.o[r];
+      for (int64_t key = t0 + 1; key <= t0 + r / G; ++key) {
+        const float p = tl.s[r][ncommon + key - t0 - 1];
+        const float* vr = vrow + key * K * H;
+        for (int64_t h = 0; h < H; ++h) o[h] += p * vr[h];
+      }
+      const float inv = 1.0f / tl.sum[r];
+      for (int64_t h = 0; h < H; ++h) o[h] *= inv;
+    }
+    t0 += nq;
   }
 }
 
@@ -351,59 +544,46 @@ void BackwardPair(const RowAttn& j, int64_t pair, Scratch& w) {
     const int64_t qo = ((b * T + t) * K + kh) * G * H;
     std::fill(j.dq + qo, j.dq + qo + G * H, 0.0f);
   }
-  // Blocks of kBq queries against blocks of kBk keys, so that the block's gradient rows (dk, dv of kBk keys, dq of
-  // kBq queries) stay in the core's first-level cache while every query of the block passes over them.
-  constexpr int64_t kBq = 32, kBk = 64;
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> qranges(kBq);
-  std::vector<float> dsum(kBq * G);
-  w.s.resize(kBk);
-  w.dp.resize(kBk);
-  for (int64_t i0 = 0; i0 < T; i0 += kBq) {
-    const int64_t i1 = std::min(i0 + kBq, T);
-    int64_t lo = T;
-    for (int64_t t = i0; t < i1; ++t) {
-      auto& rg = qranges[t - i0];
-      rg.clear();
-      if (j.pad_zero && seg[t] == 0) continue;
-      Ranges(w, t, rg);
-      for (auto [a, e] : rg) lo = std::min(lo, a);
-      const int64_t qo = ((b * T + t) * K + kh) * G * H;
-      for (int64_t g = 0; g < G; ++g) {
-        float d = 0.0f;
-        for (int64_t h = 0; h < H; ++h) d += j.dout[qo + g * H + h] * j.out[qo + g * H + h];
-        dsum[(t - i0) * G + g] = d;
+  Tile tl;
+  std::vector<float> sbuf, dpbuf;
+  for (int64_t t0 = 0; t0 < T;) {
+    if (j.pad_zero && seg[t0] == 0) {
+      ++t0;
+      continue;
+    }
+    const int64_t nq = TileQueries(w, t0);
+    Ranges(w, t0, w.ranges);
+    int64_t ncommon = 0;
+    for (auto [a, e] : w.ranges) ncommon += e - a;
+    SetupTile(j, b, kh, t0, nq, tl, ncommon + nq, sbuf, dpbuf, true);
+    TileScores(w, tl, tl.q, w.kt.data(), T, H, G, tl.s);
+    TileScores(w, tl, tl.dout, w.vt.data(), T, H, G, tl.dp);
+    for (int64_t r = 0; r < tl.R; ++r) {
+      const int64_t n = ncommon + r / G;
+      const float lse = j.lse[(b * K + kh) * G * T + (r % G) * T + t0 + r / G];
+      float d = 0.0f;
+      for (int64_t h = 0; h < H; ++h) d += tl.dout[r][h] * tl.out_in[r][h];
+      float* s = tl.s[r];
+      float* dp = tl.dp[r];
+      for (int64_t i = 0; i < n; ++i) {
+        const float p = std::exp(s[i] * j.scale - lse);
+        s[i] = p;
+        dp[i] = p * (dp[i] - d) * j.scale;  // scale * ds
       }
     }
-    for (int64_t j0 = lo - lo % kBk; j0 < i1; j0 += kBk) {
-      const int64_t j1 = std::min(j0 + kBk, i1);
-      for (int64_t t = i0; t < i1; ++t) {
-        const int64_t qo = ((b * T + t) * K + kh) * G * H;
-        for (auto [ra, re] : qranges[t - i0]) {
-          const int64_t a = std::max(ra, j0), e = std::min(re, j1);
-          if (a >= e) continue;
-          const int64_t n = e - a;
-          for (int64_t g = 0; g < G; ++g) {
-            const float* q = j.q + qo + g * H;
-            const float* dout = j.dout + qo + g * H;
-            float* dq = j.dq + qo + g * H;
-            const float lse = j.lse[(b * K + kh) * G * T + g * T + t], d = dsum[(t - i0) * G + g];
-            Dots(q, w.kt.data(), T, H, a, e, w.s.data());
-            Dots(dout, w.vt.data(), T, H, a, e, w.dp.data());
-            for (int64_t i = 0; i < n; ++i) {
-              const float p = std::exp(w.s[i] * j.scale - lse);
-              w.s[i] = p;
-              w.dp[i] = p * (w.dp[i] - d) * j.scale;  // scale * ds
-            }
-            for (int64_t i = 0; i < n; ++i) {
-              const int64_t key = a + i;
-              const float p = w.s[i], c = w.dp[i];
-              const int64_t at = kv0 + key * K * H;
-              Accumulate(c, p, j.k + at, q, dout, dq, j.dk + at, j.dv + at, H);
-            }
-          }
-        }
-      }
+    int64_t off = 0;
+    for (auto [a, e] : w.ranges) {
+      ForRowBlocks<AxpyF>(tl.R, &tl.dp, j.k + kv0, K * H, H, a, e - a, &tl.dq, off);
+      ForRowBlocks<KeyGradsF>(tl.R, &tl, j.dk + kv0, j.dv + kv0, K * H, H, a, e - a, off);
+      off += e - a;
     }
+    for (int64_t r = 0; r < tl.R; ++r)
+      for (int64_t key = t0 + 1; key <= t0 + r / G; ++key) {
+        const int64_t i = ncommon + key - t0 - 1;
+        Accumulate(tl.dp[r][i], tl.s[r][i], j.k + kv0 + key * K * H, tl.q[r], tl.dout[r], tl.dq[r],
+                   j.dk + kv0 + key * K * H, j.dv + kv0 + key * K * H, H);
+      }
+    t0 += nq;
   }
 }
 
