@@ -8,7 +8,7 @@ capacity under a mask. The sampler's decode program on XLA:CPU takes it when `av
 scoring), that computes each query against its own segment's earlier keys only, where the XLA form
 (`attention_kernels.causal_blocked_attention`) computes every query block against every key block up to it under a
 mask: a row of packed episodes costs what its episodes do, and its padding nothing. The model takes it on XLA:CPU
-for rows longer than one attention block (`attention_kernels.row_attention_kernel`).
+for packed rows longer than 256 tokens (`attention_kernels.row_attention_kernel`).
 
 The C++ source is compiled on first use, on the machine that runs it (`-O3 -march=native`), into a cache directory
 (`AGENTRL_KERNEL_CACHE`, default `~/.cache/agentrl_jax/kernels`), keyed by the source, the jaxlib version (its FFI
@@ -93,7 +93,7 @@ def available() -> bool:
   XLA:CPU. False, with the reason logged once, when `AGENTRL_CPU_KERNELS=0`, there is no C++ compiler, or the
   build failed."""
   if os.environ.get("AGENTRL_CPU_KERNELS", "1") == "0":
-    log.info("cpu_kernels: off (AGENTRL_CPU_KERNELS=0); decode attention uses the XLA form")
+    log.info("cpu_kernels: off (AGENTRL_CPU_KERNELS=0); decode and the packed rows' attention use the XLA forms")
     return False
   cxx = compiler()
   if cxx is None:
@@ -106,7 +106,8 @@ def available() -> bool:
     jax.ffi.register_ffi_target(FWD_TARGET, jax.ffi.pycapsule(lib.AgentrlCausalAttentionFwd), platform="cpu")
     jax.ffi.register_ffi_target(BWD_TARGET, jax.ffi.pycapsule(lib.AgentrlCausalAttentionBwd), platform="cpu")
   except (OSError, RuntimeError, AttributeError) as e:
-    log.warning("cpu_kernels: the length-aware decode attention is unavailable, decode keeps the XLA form: %s", e)
+    log.warning("cpu_kernels: the kernels are unavailable, decode and the packed rows' attention keep the XLA forms: "
+                "%s", e)
     return False
   return True
 
