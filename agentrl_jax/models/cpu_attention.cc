@@ -15,7 +15,8 @@
 // Per (row, kv head): scores[g, s] = scale * sum_h q[g, h] k_t[h, s] for s < n, a softmax in float32 over those n
 // slots, out[g, :] = sum_s p[g, s] v[s, :]. The (row, kv head) pairs are shared out over XLA's intra-op thread
 // pool: every participant (the calling thread and the tasks it schedules) takes pairs from one atomic counter, so
-// the call finishes even when no scheduled task ever starts, and state outlives late tasks (shared_ptr).
+// the call finishes even when no scheduled task ever starts, and state outlives late tasks (shared_ptr). Denormals
+// flush to zero while a participant works (`PairWork`, shared with the training kernels below).
 //
 // Causal self-attention of whole rows for training and scoring (`AgentrlCausalAttentionFwd` / `...Bwd`, the
 // gradient of `cpu_kernels.causal_attention`), with packed segments:
@@ -39,6 +40,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -62,10 +64,13 @@ struct Job {
   std::atomic<int64_t> done{0};
 };
 
-// `scores`, `denom` and `acc` are the participant's scratch, reused across its pairs (no allocation per pair once
-// they have grown).
-void RunPair(const Job& j, int64_t pair, std::vector<float>& scores, std::vector<float>& denom,
-             std::vector<float>& acc) {
+// A participant's scratch, reused across its pairs (no allocation per pair once it has grown).
+struct DecodeScratch {
+  std::vector<float> scores, denom, acc;
+};
+
+void DecodePair(const Job& j, int64_t pair, DecodeScratch& w) {
+  std::vector<float>&scores = w.scores, &denom = w.denom, &acc = w.acc;
   const int64_t b = pair / j.K, G = j.G, H = j.H, S = j.S;
   float* out = j.out + pair * G * H;
   if (j.valid[b] <= 0) {  // a row outside this step (stopped, or waiting on a tool): no reads, zeros out
@@ -143,13 +148,31 @@ void RunPair(const Job& j, int64_t pair, std::vector<float>& scores, std::vector
   }
 }
 
-void Work(const std::shared_ptr<Job>& job) {
-  std::vector<float> scores, denom, acc;
+// One participant of a job over its (row, kv head) pairs: takes pairs from the job's shared counter until none is
+// left. Denormal results flush to zero (and denormal inputs read as zero) on this thread while it works, as in
+// XLA's own CPU kernels: the softmax's smallest weights and their gradients are denormal, and arithmetic on them
+// is tens of times slower.
+template <typename J, typename W, void (*Fn)(const J&, int64_t, W&)>
+void PairWork(const std::shared_ptr<J>& job) {
+  const unsigned int csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040);
+  W w;
   const int64_t pairs = job->B * job->K;
   int64_t did = 0;
-  for (int64_t p; (p = job->next.fetch_add(1, std::memory_order_relaxed)) < pairs; ++did)
-    RunPair(*job, p, scores, denom, acc);
+  for (int64_t p; (p = job->next.fetch_add(1, std::memory_order_relaxed)) < pairs; ++did) Fn(*job, p, w);
+  _mm_setcsr(csr);
   if (did) job->done.fetch_add(did, std::memory_order_release);
+}
+
+// Runs the job's pairs on the calling thread and up to num_threads - 1 of XLA's pool, and returns when every pair
+// is done. Each pair writes only its own outputs, so results do not depend on which thread took it.
+template <typename J, typename W, void (*Fn)(const J&, int64_t, W&)>
+void RunPairs(ffi::ThreadPool& pool, const std::shared_ptr<J>& job) {
+  const int64_t pairs = job->B * job->K;
+  const int64_t helpers = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), pairs) - 1;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([job] { PairWork<J, W, Fn>(job); });
+  PairWork<J, W, Fn>(job);
+  while (job->done.load(std::memory_order_acquire) < pairs) std::this_thread::yield();
 }
 
 ffi::Error SingleQueryAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k_t,
@@ -173,11 +196,7 @@ ffi::Error SingleQueryAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, f
   job->out = out->typed_data();
   job->B = B, job->K = K, job->G = G, job->H = H, job->S = S;
   job->scale = scale;
-  const int64_t pairs = B * K;
-  const int64_t helpers = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), pairs) - 1;
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([job] { Work(job); });
-  Work(job);
-  while (job->done.load(std::memory_order_acquire) < pairs) std::this_thread::yield();
+  RunPairs<Job, DecodeScratch, DecodePair>(pool, job);
   return ffi::Error::Success();
 }
 
@@ -373,15 +392,16 @@ void TileKeyGrads(const float* const* c, const float* const* q, const float* con
       }
 }
 
-// Runs F<NR> over the rows [0, R) in blocks of kRows, with `ptrs` arrays offset to each block.
-template <template <int> class F, typename... Args>
-void ForRowBlocks(int64_t R, Args... args) {
+// Calls f(nr, r) over the rows [0, R) in blocks of kRows (nr: std::integral_constant<int, rows in the block>, a
+// compile-time count for the tile functions' register arrays), the last block with the 1-3 rows left.
+template <typename F>
+void ForRowBlocks(int64_t R, F&& f) {
   int64_t r = 0;
-  for (; r + kRows <= R; r += kRows) F<kRows>::Run(r, args...);
+  for (; r + kRows <= R; r += kRows) f(std::integral_constant<int, kRows>{}, r);
   switch (R - r) {
-    case 3: F<3>::Run(r, args...); break;
-    case 2: F<2>::Run(r, args...); break;
-    case 1: F<1>::Run(r, args...); break;
+    case 3: f(std::integral_constant<int, 3>{}, r); break;
+    case 2: f(std::integral_constant<int, 2>{}, r); break;
+    case 1: f(std::integral_constant<int, 1>{}, r); break;
     default: break;
   }
 }
@@ -391,39 +411,21 @@ void ForRowBlocks(int64_t R, Args... args) {
 struct Tile {
   int64_t t0, nq, R;
   std::vector<const float*> q, dout, out_in;
-  std::vector<float*> s, dp, o, dq;
-  std::vector<float> lse, dsum, m, sum;
+  std::vector<float*> s, dp, o, dq;  // dp, dq: backward; o: forward
+  std::vector<float> sum;            // forward: each row's softmax denominator
 };
 
-template <int NR>
-struct DotsF {
-  static void Run(int64_t r, const std::vector<const float*>* w, const float* xt, int64_t T, int64_t H, int64_t a,
-                  int64_t n, std::vector<float*>* s, int64_t off) {
-    float* sp[NR];
-    for (int i = 0; i < NR; ++i) sp[i] = (*s)[r + i] + off;
-    TileDots<NR>(w->data() + r, xt, T, H, a, n, sp);
-  }
-};
-
-template <int NR>
-struct AxpyF {
-  static void Run(int64_t r, std::vector<float*>* p, const float* x, int64_t stride, int64_t H, int64_t a, int64_t n,
-                  std::vector<float*>* out, int64_t off) {
+// The tile rows' p . x over keys [a, a + n) summed into out (one row vector each): p[r] + off holds row r's
+// weights of those keys (TileAxpy).
+void RowsAxpy(const std::vector<float*>& p, const float* x, int64_t stride, int64_t H, int64_t a, int64_t n,
+              std::vector<float*>& out, int64_t off) {
+  ForRowBlocks(static_cast<int64_t>(p.size()), [&](auto nr, int64_t r) {
+    constexpr int NR = decltype(nr)::value;
     const float* pp[NR];
-    for (int i = 0; i < NR; ++i) pp[i] = (*p)[r + i] + off;
-    TileAxpy<NR>(pp, x, stride, H, a, n, out->data() + r);
-  }
-};
-
-template <int NR>
-struct KeyGradsF {
-  static void Run(int64_t r, Tile* tl, float* dk, float* dv, int64_t stride, int64_t H, int64_t a, int64_t n,
-                  int64_t off) {
-    const float *c[NR], *p[NR];
-    for (int i = 0; i < NR; ++i) c[i] = tl->dp[r + i] + off, p[i] = tl->s[r + i] + off;
-    TileKeyGrads<NR>(c, tl->q.data() + r, p, tl->dout.data() + r, dk, dv, stride, H, a, n);
-  }
-};
+    for (int i = 0; i < NR; ++i) pp[i] = p[r + i] + off;
+    TileAxpy<NR>(pp, x, stride, H, a, n, out.data() + r);
+  });
+}
 
 // The scores of the tile's rows against their keys, unscaled: the common ranges at [0, ncommon), then row r's
 // tail keys after them. xt: the keys (or values) transposed; w: the rows' vectors.
@@ -431,7 +433,12 @@ int64_t TileScores(const Scratch& w, const Tile& tl, const std::vector<const flo
                    int64_t T, int64_t H, int64_t G, std::vector<float*>& s) {
   int64_t off = 0;
   for (auto [a, e] : w.ranges) {
-    ForRowBlocks<DotsF>(tl.R, &vecs, xt, T, H, a, e - a, &s, off);
+    ForRowBlocks(tl.R, [&](auto nr, int64_t r) {
+      constexpr int NR = decltype(nr)::value;
+      float* sp[NR];
+      for (int i = 0; i < NR; ++i) sp[i] = s[r + i] + off;
+      TileDots<NR>(vecs.data() + r, xt, T, H, a, e - a, sp);
+    });
     off += e - a;
   }
   for (int64_t r = 0; r < tl.R; ++r)
@@ -453,8 +460,11 @@ void SetupTile(const RowAttn& j, int64_t b, int64_t kh, int64_t t0, int64_t nq, 
                std::vector<float>& sbuf, std::vector<float>& dpbuf, bool backward) {
   const int64_t T = j.T, K = j.K, G = j.G, H = j.H;
   tl.t0 = t0, tl.nq = nq, tl.R = nq * G;
-  tl.q.resize(tl.R), tl.dout.resize(tl.R), tl.out_in.resize(tl.R), tl.s.resize(tl.R), tl.dp.resize(tl.R);
-  tl.o.resize(tl.R), tl.dq.resize(tl.R);
+  tl.q.resize(tl.R), tl.s.resize(tl.R);
+  if (backward)
+    tl.dout.resize(tl.R), tl.out_in.resize(tl.R), tl.dp.resize(tl.R), tl.dq.resize(tl.R);
+  else
+    tl.o.resize(tl.R);
   if (sbuf.size() < static_cast<size_t>(tl.R * width)) sbuf.resize(tl.R * width);
   if (backward && dpbuf.size() < static_cast<size_t>(tl.R * width)) dpbuf.resize(tl.R * width);
   for (int64_t r = 0; r < tl.R; ++r) {
@@ -512,7 +522,7 @@ void ForwardPair(const RowAttn& j, int64_t pair, Scratch& w) {
     }
     int64_t off = 0;
     for (auto [a, e] : w.ranges) {
-      ForRowBlocks<AxpyF>(tl.R, &tl.s, vrow, K * H, H, a, e - a, &tl.o, off);
+      RowsAxpy(tl.s, vrow, K * H, H, a, e - a, tl.o, off);
       off += e - a;
     }
     for (int64_t r = 0; r < tl.R; ++r) {
@@ -573,8 +583,13 @@ void BackwardPair(const RowAttn& j, int64_t pair, Scratch& w) {
     }
     int64_t off = 0;
     for (auto [a, e] : w.ranges) {
-      ForRowBlocks<AxpyF>(tl.R, &tl.dp, j.k + kv0, K * H, H, a, e - a, &tl.dq, off);
-      ForRowBlocks<KeyGradsF>(tl.R, &tl, j.dk + kv0, j.dv + kv0, K * H, H, a, e - a, off);
+      RowsAxpy(tl.dp, j.k + kv0, K * H, H, a, e - a, tl.dq, off);
+      ForRowBlocks(tl.R, [&](auto nr, int64_t r) {
+        constexpr int NR = decltype(nr)::value;
+        const float *c[NR], *p[NR];
+        for (int i = 0; i < NR; ++i) c[i] = tl.dp[r + i] + off, p[i] = tl.s[r + i] + off;
+        TileKeyGrads<NR>(c, tl.q.data() + r, p, tl.dout.data() + r, j.dk + kv0, j.dv + kv0, K * H, H, a, e - a);
+      });
       off += e - a;
     }
     for (int64_t r = 0; r < tl.R; ++r)
@@ -585,30 +600,6 @@ void BackwardPair(const RowAttn& j, int64_t pair, Scratch& w) {
       }
     t0 += nq;
   }
-}
-
-template <void (*Fn)(const RowAttn&, int64_t, Scratch&)>
-void RowWork(const std::shared_ptr<RowAttn>& job) {
-  // Denormal results flush to zero (and denormal inputs read as zero) on this thread while it works, as in XLA's
-  // own CPU kernels: the softmax's smallest weights and their gradients are denormal, and arithmetic on them is
-  // tens of times slower.
-  const unsigned int csr = _mm_getcsr();
-  _mm_setcsr(csr | 0x8040);
-  Scratch w;
-  const int64_t pairs = job->B * job->K;
-  int64_t did = 0;
-  for (int64_t p; (p = job->next.fetch_add(1, std::memory_order_relaxed)) < pairs; ++did) Fn(*job, p, w);
-  _mm_setcsr(csr);
-  if (did) job->done.fetch_add(did, std::memory_order_release);
-}
-
-template <void (*Fn)(const RowAttn&, int64_t, Scratch&)>
-void RunRows(ffi::ThreadPool& pool, const std::shared_ptr<RowAttn>& job) {
-  const int64_t pairs = job->B * job->K;
-  const int64_t helpers = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), pairs) - 1;
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([job] { RowWork<Fn>(job); });
-  RowWork<Fn>(job);
-  while (job->done.load(std::memory_order_acquire) < pairs) std::this_thread::yield();
 }
 
 // Checks q [B,T,K,G,H], k and v [B,T,K,H], seg [B,T] and fills the job's sizes.
@@ -635,7 +626,7 @@ ffi::Error CausalAttentionFwd(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
   job->o_out = out->typed_data(), job->lse_out = lse->typed_data();
   job->scale = scale, job->pad_zero = pad_zero != 0;
   if (job->B * job->K == 0 || job->T * job->G * job->H == 0) return ffi::Error::Success();
-  RunRows<ForwardPair>(pool, job);
+  RunPairs<RowAttn, Scratch, ForwardPair>(pool, job);
   return ffi::Error::Success();
 }
 
@@ -650,7 +641,7 @@ ffi::Error CausalAttentionBwd(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
   job->dq = dq->typed_data(), job->dk = dk->typed_data(), job->dv = dv->typed_data();
   job->scale = scale, job->pad_zero = pad_zero != 0;
   if (job->B * job->K == 0 || job->T * job->G * job->H == 0) return ffi::Error::Success();
-  RunRows<BackwardPair>(pool, job);
+  RunPairs<RowAttn, Scratch, BackwardPair>(pool, job);
   return ffi::Error::Success();
 }
 
