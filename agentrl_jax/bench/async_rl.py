@@ -21,8 +21,9 @@ everything); speedup = async / sync tok/s, each at its faster schedule (speedup_
 *_staleness_max, async_partial_frac: what the async run trained on; tool_latency_p50_s / p99_s: of the calls
 made; per mode and schedule, *_wall_s (timed steps), *_rollout_s (the trainer waiting for its batch: the whole
 rollout when synchronous), *_tool_wait_s (the loop blocked on tools with nothing to decode), *_decode_calls,
-*_rows_per_call (rows decoding per call, of `--rows`) and *_cpu_s (CPU seconds of the process over the timed
-steps). sync_cpu_busy_frac / async_cpu_busy_frac: the fraction of the host's cores those CPU seconds filled (`metrics_writer.cpu_busy_frac`); speedup_at_full_cores =
+*_rows_per_call (rows decoding per call, of `--rows`), *_cpu_s (CPU seconds of the process over the timed
+steps) and *_traces (sampler and update programs traced during the timed steps: 0 when the warm-up compiled
+everything). sync_cpu_busy_frac / async_cpu_busy_frac: the fraction of the host's cores those CPU seconds filled (`metrics_writer.cpu_busy_frac`); speedup_at_full_cores =
 1 / sync_cpu_busy_frac, the synchronous loop's CPU work done with every core busy throughout: where decode and
 update already fill the cores, overlapping them (the remote tools cost no CPU) gains no more than that; a schedule
 beats it only by doing less work (fewer, fuller decode calls).
@@ -61,7 +62,7 @@ from agentrl_jax.rollout.engine import RenderedPrompts
 from agentrl_jax.rollout.episode import collate
 from agentrl_jax.rollout.stub_executor import stub_executor
 from agentrl_jax.sampling.config import SamplingConfig
-from agentrl_jax.sampling.sampler import make_sampler
+from agentrl_jax.sampling.sampler import TRACE_COUNTS, make_sampler
 
 PACK_LEN = 512 + 1024  # the longest episode: max prompt + max response
 MICRO = 2  # rows per micro-batch of the update
@@ -109,9 +110,12 @@ def run(args) -> dict:
   steps_total = args.warmup + args.steps
   groups = args.prompts * (steps_total + 2)  # the stream admits up to max_staleness batches ahead
   prompts, scripts = make_workload(tok, groups, args.n, args.tool_turns, seed=0)
+  # pad_prefill_groups: one prefill program. The stream starts as many groups as slots have freed, a count that
+  # follows tool timing, so with a program per power-of-two count a timed step could compile one the warm-up did
+  # not meet. Both loops mostly start all 8 groups of a step at once, so the padding costs them little.
   cfg = RolloutConfig(batch_size=args.rows, segment_len=32, max_prompt_len=512, max_response_len=1024,
                       prompt_bucket_min=256, chunk_len=64, cache_bucket_min=1024, max_turns=args.tool_turns + 1,
-                      groups_per_prefill=8)
+                      groups_per_prefill=8, pad_prefill_groups=True)
   end, tool_end = stop_token_ids(tok)
   model = Qwen(cfg_m, rngs=nnx.Rngs(0))
   mesh = sharding.make_mesh(1, -1, 1, devices=jax.devices()[:1])
@@ -165,6 +169,7 @@ def run(args) -> dict:
         if step == args.warmup:
           jax.block_until_ready(state)
           t_start, cpu_start = time.perf_counter(), metrics_writer.cpu_seconds()
+          traces0 = sum(TRACE_COUNTS.values()) + update._cache_size()
         t0 = time.perf_counter()
         if mode == "sync":
           ids = prompts[step * args.prompts:(step + 1) * args.prompts]
@@ -198,11 +203,12 @@ def run(args) -> dict:
       jax.block_until_ready(state)
       wall = time.perf_counter() - t_start
       cpu_s = metrics_writer.cpu_seconds() - cpu_start
+      traces = sum(TRACE_COUNTS.values()) + update._cache_size() - traces0
     finally:
       executor.close()
     out = {"tok_s": trained / wall, "wall_s": wall, "trained_tokens": trained, "rollout_s": rollout_s,
            "cpu_s": cpu_s, "cpu_busy_frac": metrics_writer.cpu_busy_frac(cpu_s, wall),
-           "tool_wait_s": tool_wait, "decode_calls": decode_calls, "rows_per_call": active_rows / max(decode_calls, 1),
+           "tool_wait_s": tool_wait, "traces": traces, "decode_calls": decode_calls, "rows_per_call": active_rows / max(decode_calls, 1),
            "latency_p50_s": float(np.percentile(latencies, 50)), "latency_p99_s": float(np.percentile(latencies, 99))}
     if mode == "async":
       out.update(staleness_max=float(max(stale)), staleness_mean=float(np.mean(stale)),
@@ -237,7 +243,8 @@ def run(args) -> dict:
       "tool_latency_p50_s": res[("sync", False)]["latency_p50_s"],
       "tool_latency_p99_s": res[("sync", False)]["latency_p99_s"],
       **{f"{m}_{'overlap' if o else 'pause'}_{k}": r[k] for (m, o), r in res.items()
-         for k in ("tok_s", "wall_s", "rollout_s", "tool_wait_s", "decode_calls", "rows_per_call", "cpu_s")},
+         for k in ("tok_s", "wall_s", "rollout_s", "tool_wait_s", "decode_calls", "rows_per_call", "cpu_s",
+                   "traces")},
       **common.backend_info(),
   }
   return out

@@ -29,6 +29,8 @@ def test_bench_async_rl_prints_one_json_line(capsys):
     for sched in ("pause", "overlap"):
       wall, cpu = out[f"{mode}_{sched}_wall_s"], out[f"{mode}_{sched}_cpu_s"]
       assert wall > 0 and cpu > 0 and out[f"{mode}_{sched}_tok_s"] > 0
+      traces = out[f"{mode}_{sched}_traces"]  # programs compiled in the timed steps (what the warm-up missed)
+      assert isinstance(traces, int) and traces >= 0
     assert 0 < out[f"{mode}_cpu_busy_frac"] < 1.5
   assert math.isclose(out["speedup_at_full_cores"], 1 / out["sync_cpu_busy_frac"])
   assert out["async_staleness_max"] <= 1  # staleness 1
