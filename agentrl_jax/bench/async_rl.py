@@ -22,8 +22,9 @@ everything); speedup = async / sync tok/s, each at its faster schedule (speedup_
 made; per mode and schedule, *_wall_s (timed steps), *_rollout_s (the trainer waiting for its batch: the whole
 rollout when synchronous), *_tool_wait_s (the loop blocked on tools with nothing to decode), *_decode_calls,
 *_rows_per_call (rows decoding per call, of `--rows`), *_cpu_s (CPU seconds of the process over the timed
-steps) and *_traces (sampler and update programs traced during the timed steps: 0 when the warm-up compiled
-everything). sync_cpu_busy_frac / async_cpu_busy_frac: the fraction of the host's cores those CPU seconds filled (`metrics_writer.cpu_busy_frac`); speedup_at_full_cores =
+steps) and *_traces (programs compiled during the timed steps, by JAX's compile events: the sampler's, the
+update's, eager ops'; 0 when the warm-up compiled everything). sync_cpu_busy_frac / async_cpu_busy_frac: the
+fraction of the host's cores those CPU seconds filled (`metrics_writer.cpu_busy_frac`); speedup_at_full_cores =
 1 / sync_cpu_busy_frac, the synchronous loop's CPU work done with every core busy throughout: where decode and
 update already fill the cores, overlapping them (the remote tools cost no CPU) gains no more than that; a schedule
 beats it only by doing less work (fewer, fuller decode calls).
@@ -43,7 +44,7 @@ from flax import nnx
 import jax
 import numpy as np
 
-from agentrl_jax import metrics_writer
+from agentrl_jax import compile_stats, metrics_writer
 from agentrl_jax.bench import common
 from agentrl_jax.bench.rollout import make_workload, tool_output
 from agentrl_jax.data.records import PromptRecord
@@ -62,7 +63,7 @@ from agentrl_jax.rollout.engine import RenderedPrompts
 from agentrl_jax.rollout.episode import collate
 from agentrl_jax.rollout.stub_executor import stub_executor
 from agentrl_jax.sampling.config import SamplingConfig
-from agentrl_jax.sampling.sampler import TRACE_COUNTS, make_sampler
+from agentrl_jax.sampling.sampler import make_sampler
 
 PACK_LEN = 512 + 1024  # the longest episode: max prompt + max response
 MICRO = 2  # rows per micro-batch of the update
@@ -169,7 +170,7 @@ def run(args) -> dict:
         if step == args.warmup:
           jax.block_until_ready(state)
           t_start, cpu_start = time.perf_counter(), metrics_writer.cpu_seconds()
-          traces0 = sum(TRACE_COUNTS.values()) + update._cache_size()
+          compiled0 = compile_stats.compile_totals()
         t0 = time.perf_counter()
         if mode == "sync":
           ids = prompts[step * args.prompts:(step + 1) * args.prompts]
@@ -203,12 +204,13 @@ def run(args) -> dict:
       jax.block_until_ready(state)
       wall = time.perf_counter() - t_start
       cpu_s = metrics_writer.cpu_seconds() - cpu_start
-      traces = sum(TRACE_COUNTS.values()) + update._cache_size() - traces0
+      traces = compile_stats.compile_totals().minus(compiled0).programs
     finally:
       executor.close()
     out = {"tok_s": trained / wall, "wall_s": wall, "trained_tokens": trained, "rollout_s": rollout_s,
            "cpu_s": cpu_s, "cpu_busy_frac": metrics_writer.cpu_busy_frac(cpu_s, wall),
-           "tool_wait_s": tool_wait, "traces": traces, "decode_calls": decode_calls, "rows_per_call": active_rows / max(decode_calls, 1),
+           "tool_wait_s": tool_wait, "traces": traces, "decode_calls": decode_calls,
+           "rows_per_call": active_rows / max(decode_calls, 1),
            "latency_p50_s": float(np.percentile(latencies, 50)), "latency_p99_s": float(np.percentile(latencies, 99))}
     if mode == "async":
       out.update(staleness_max=float(max(stale)), staleness_mean=float(np.mean(stale)),

@@ -70,7 +70,9 @@ struct DecodeScratch {
 };
 
 void DecodePair(const Job& j, int64_t pair, DecodeScratch& w) {
-  std::vector<float>&scores = w.scores, &denom = w.denom, &acc = w.acc;
+  std::vector<float>& scores = w.scores;
+  std::vector<float>& denom = w.denom;
+  std::vector<float>& acc = w.acc;
   const int64_t b = pair / j.K, G = j.G, H = j.H, S = j.S;
   float* out = j.out + pair * G * H;
   if (j.valid[b] <= 0) {  // a row outside this step (stopped, or waiting on a tool): no reads, zeros out
