@@ -96,6 +96,11 @@ def enable_compilation_cache(cache_dir: str) -> None:
 
   os.makedirs(cache_dir, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", cache_dir)
+  # JAX by default also turns on XLA's GPU per-fusion autotune cache under <cache_dir>, and that directory's path
+  # then enters every program's cache key (as a compile option), on every backend: a copied or moved workdir, or
+  # another job pointed at the same programs, never hit each other's entries (the RL stage of a copied workdir
+  # recompiled all of its 74 programs). The key is made of the program alone; CPU and TPU never use that cache.
+  jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
