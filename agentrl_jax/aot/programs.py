@@ -236,7 +236,8 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
   sgraphdef, to_sampler = train_state_lib.sampler_policy(graphdef, state.params, mesh)
   sparams = jax.eval_shape(to_sampler, state.params)
   programs += rollout_programs(sgraphdef, cfg, tokenizer, rcfg, smesh, sparams, n=rl.n, kind="rollout",
-                               temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k)
+                               temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
+                               refill=bool(rl.get("max_staleness")))  # asynchronous: the stream's starts too
   ev = config.get("eval")
   if ev is not None:
     programs += rollout_programs(sgraphdef, cfg, tokenizer, rcfg, smesh, sparams, n=ev.n, kind="eval",
@@ -329,14 +330,15 @@ def device_bytes(tree) -> int:
 
 
 def rollout_programs(graphdef, cfg: ModelConfig, tokenizer, rcfg, mesh: jax.sharding.Mesh, params, *, n: int,
-                     kind: str, temperature: float, top_p: float, top_k: int, greedy: bool = False
-                     ) -> list[Program]:
-  """The sampler programs of rollouts with these sampling settings (`rollout.shapes.rollout_shapes`)."""
+                     kind: str, temperature: float, top_p: float, top_k: int, greedy: bool = False,
+                     refill: bool = False) -> list[Program]:
+  """The sampler programs of rollouts with these sampling settings (`rollout.shapes.rollout_shapes`; `refill`:
+  with an asynchronous run's rollout stream)."""
   sampling = agent_loop.sampling_config(tokenizer, rcfg, temperature=1.0 if greedy else temperature, top_p=top_p,
                                         top_k=top_k, greedy=greedy)
   sampler = sampler_lib.make_sampler(graphdef, cfg, sampling, batch=rcfg.batch_size, mesh=mesh, params=params)
   jit = sampler.jitted
-  shp = shapes_lib.rollout_shapes(rcfg, n, fixed_capacity=sampler.fixed_capacity)
+  shp = shapes_lib.rollout_shapes(rcfg, n, fixed_capacity=sampler.fixed_capacity, refill=refill)
   b = rcfg.batch_size
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731

@@ -473,13 +473,22 @@ class AgentLoop:
         self._take_draw(slots, positions, d, v)
 
   def _start_groups(self, params):
-    cfg, n, b, stats = self.cfg, self.n, self.b, self.stats
+    """Starts as many queued groups as free slots hold (up to `groups_per_prefill`): one prefill call, or, in a
+    stream's loop, one call per group when they are few (`shapes.prefill_groups`' refill rule)."""
     free = [i for i, r in enumerate(self.rows) if r is None]
-    g = min(len(free) // n, len(self.queue), cfg.groups_per_prefill)
+    g = min(len(free) // self.n, len(self.queue), self.cfg.groups_per_prefill)
     if g == 0:
       return
-    groups = [self.queue.popleft() for _ in range(g)]
-    gp = prefill_groups(g, n, cfg)
+    gp = prefill_groups(g, self.n, self.cfg, refill=self.refill)
+    if gp < g:  # one group per call
+      for j in range(g):
+        self._prefill([self.queue.popleft()], free[j * self.n:(j + 1) * self.n], gp, params)
+    else:
+      self._prefill([self.queue.popleft() for _ in range(g)], free, gp, params)
+
+  def _prefill(self, groups: list[int], free: list[int], gp: int, params):
+    """One prefill call of `gp` prompt groups (padding past `groups`), into the first of the `free` slots."""
+    cfg, n, b, stats = self.cfg, self.n, self.b, self.stats
     t = bucket(max(len(self.prompts[i]) for i in groups), cfg.prompt_bucket_min)
     tokens = np.zeros((gp, t), np.int32)
     lengths = np.zeros((gp,), np.int32)

@@ -9,13 +9,21 @@ from agentrl_jax.rollout.config import RolloutConfig
 from agentrl_jax.sampling.config import bucket, bucket_values, pow2_bucket
 
 
-def prefill_groups(g: int, n: int, cfg: RolloutConfig) -> int:
+def prefill_groups(g: int, n: int, cfg: RolloutConfig, *, refill: bool = False) -> int:
   """Prompt groups one prefill call computes when g groups start: g rounded up to a power of two (or
-  `groups_per_prefill`'s, with `pad_prefill_groups`), at most what the batch's row slots hold."""
+  `groups_per_prefill`'s, with `pad_prefill_groups`), at most what the batch's row slots hold.
+
+  `refill` (a stream's loop, whose slots refill between decode segments): a start of at most half a full call's
+  groups runs as that many one-group calls (returns 1), a larger one as one full call. A stream starts every
+  count from one group to a full batch (in the main job at staleness 1: 1, 2, 3, 5, 7, 12-16 groups), so the
+  synchronous rule would compile a program per power of two (and, with `pad_prefill_groups`, pad one group to a
+  full call); this one compiles two per prompt bucket and pads a call at most 2x."""
   top = max(1, pow2_bucket(cfg.groups_per_prefill))
+  while top * n > cfg.batch_size and top > 1:
+    top //= 2
+  if refill:
+    return 1 if 2 * g <= top else max(top, g)
   gp = top if cfg.pad_prefill_groups else min(pow2_bucket(g), top)
-  while gp * n > cfg.batch_size:
-    gp //= 2
   return max(gp, g)
 
 
@@ -43,14 +51,17 @@ class RolloutShapes:
   grow: tuple[tuple[int, int], ...]
 
 
-def rollout_shapes(cfg: RolloutConfig, n: int, *, fixed_capacity: bool) -> RolloutShapes:
+def rollout_shapes(cfg: RolloutConfig, n: int, *, fixed_capacity: bool, refill: bool = False) -> RolloutShapes:
   """Every sampler call shape `run_rollout` can reach with `cfg` and n samples per prompt (the bucket rules of
   `run_rollout`'s `start_groups`, `resume_ready` and `ensure_capacity`): the programs a run compiles, for the
-  ahead-of-time pre-flight (`agentrl_jax.aot`). `fixed_capacity`: `Sampler.fixed_capacity`."""
+  ahead-of-time pre-flight (`agentrl_jax.aot`). `fixed_capacity`: `Sampler.fixed_capacity`; `refill`: the
+  shapes of an asynchronous run's rollout stream (`prefill_groups`' refill rule) as well."""
   max_cap = max_capacity(cfg)
   caps = (max_cap,) if fixed_capacity else tuple(
       c for c in bucket_values(cfg.cache_bucket_min, max_cap))
-  groups = sorted({prefill_groups(g, n, cfg) for g in range(1, min(cfg.batch_size // n, cfg.groups_per_prefill) + 1)})
+  starts = range(1, min(cfg.batch_size // n, cfg.groups_per_prefill) + 1)
+  groups = sorted({prefill_groups(g, n, cfg) for g in starts}
+                  | ({prefill_groups(g, n, cfg, refill=True) for g in starts} if refill else set()))
   prompts = bucket_values(cfg.prompt_bucket_min, bucket(cfg.max_prompt_len, cfg.prompt_bucket_min))
   prefill = tuple((gp, t, c) for gp in groups for t in prompts for c in caps if c >= t)
   rows = cfg.rows_per_extend

@@ -131,6 +131,17 @@ def test_disaggregated_programs_compile_each_on_their_own_devices_with_the_trans
   assert 0 < rows["rl/weight_transfer"]["hbm_gib"] < rows["rl/update"]["hbm_gib"]
 
 
+def test_an_asynchronous_plan_holds_the_streams_one_group_prefills():
+  """An asynchronous run's rollout stream starts freed slots' groups one per prefill call (`shapes.prefill_groups`'
+  refill rule): the pre-flight lists those programs beside the padded full calls the synchronous loop makes."""
+  t = target.target("v5e:2x2")
+  prefills = lambda config: {p.shape.split()[0] for p in programs.for_config(config, t).programs  # noqa: E731
+                             if p.name == "rollout/prefill"}
+  sync, stream = prefills(_tiny_rl()), prefills(_tiny_rl(**{"rl.max_staleness": 1}))
+  assert len(sync) == 1 and not any(s.startswith("P=1x") for s in sync)
+  assert stream == sync | {s for s in stream if s.startswith("P=1x")} and stream != sync
+
+
 def test_v4_lists_two_devices_per_chip():
   """libtpu describes a v4 chip as two devices (one per TensorCore), a v5p chip as one: per-device HBM and peak
   follow the description, not an assumption."""

@@ -346,6 +346,52 @@ def test_every_call_shape_is_one_rollout_shapes_lists(env):
   assert seen["grow"] <= set(want.grow)
 
 
+def test_prefill_groups_per_call_synchronous_and_refill():
+  """A synchronous start rounds its group count up to a power of two (or pads to `groups_per_prefill`); a stream's
+  refill runs a few groups as one-group calls and more than half a full call as one full call."""
+  from agentrl_jax.rollout.shapes import prefill_groups
+
+  main_job = RolloutConfig(batch_size=128, groups_per_prefill=16)  # n=8: a full call fills all 128 row slots
+  assert [prefill_groups(g, 8, main_job) for g in range(1, 17)] == [1, 2, 4, 4] + [8] * 4 + [16] * 8
+  assert [prefill_groups(g, 8, main_job, refill=True) for g in range(1, 17)] == [1] * 8 + [16] * 8
+  padded = RolloutConfig(batch_size=64, groups_per_prefill=8, pad_prefill_groups=True)
+  assert [prefill_groups(g, 4, padded) for g in range(1, 9)] == [8] * 8
+  assert [prefill_groups(g, 4, padded, refill=True) for g in range(1, 9)] == [1] * 4 + [8] * 4
+  # A full call larger than the row slots halves until it fits.
+  assert prefill_groups(3, 16, RolloutConfig(batch_size=64, groups_per_prefill=8)) == 4
+  assert prefill_groups(3, 16, RolloutConfig(batch_size=64, groups_per_prefill=8), refill=True) == 4
+  assert prefill_groups(2, 16, RolloutConfig(batch_size=64, groups_per_prefill=8), refill=True) == 1
+
+
+def test_a_refilling_loop_calls_only_shapes_rollout_shapes_lists(env):
+  """A stream's loop (`refill`) starts the groups of freed slots one per prefill call, in the shapes
+  `rollout_shapes(refill=True)` lists and the synchronous loop's do not."""
+  import dataclasses
+
+  from agentrl_jax.rollout import shapes
+
+  tok, _, _, params, sampler = env
+  cfg = CFG.replace(groups_per_prefill=2, pad_prefill_groups=True)
+  seen = []
+  rec = dataclasses.replace(sampler, prefill_groups=lambda n, p, s, tokens, *a: (
+      seen.append((tokens.shape[0], tokens.shape[1], s.capacity)) or sampler.prefill_groups(n, p, s, tokens, *a)))
+  scripts = [[tok.encode(t, add_special_tokens=False) for t in s] for s in (["\\boxed{3}<|im_end|>"],
+                                                                            ["Think. " * 20 + "\\boxed{3}<|im_end|>"])]
+  loop = agent_loop.AgentLoop(rec, n=2, tokenizer=tok, executor=stub_executor(lambda code: ExecResult("ok")),
+                              cfg=cfg, key=jax.random.key(0), refill=True,
+                              scripts=lambda ep: scripts[1] if ep < 2 else scripts[0])  # group 0 finishes last
+  loop.add([prompt_ids(tok)] * 4)
+  done = []
+  while loop.busy:
+    loop.step(params)
+    done += [g for g, _ in loop.pop_finished_groups()]
+  assert sorted(done) == [0, 1, 2, 3]
+  want_sync = shapes.rollout_shapes(cfg, 2, fixed_capacity=sampler.fixed_capacity)
+  want = shapes.rollout_shapes(cfg, 2, fixed_capacity=sampler.fixed_capacity, refill=True)
+  assert seen[0][0] == 2 and {s[0] for s in seen[1:]} == {1}  # both slots' groups at once, then one at a time
+  assert set(seen) <= set(want.prefill) and not {s for s in seen if s[0] == 1} & set(want_sync.prefill)
+
+
 def test_whole_batch_extend_in_place_matches_gathered_rows(env):
   """`extend_rows=0`: tool responses appended to every row slot in place (no rows gathered) give the same
   episodes as extends of gathered rows."""
