@@ -24,11 +24,13 @@ consumption and counted (`stale_dropped`).
 Determinism. What the stream does depends on counts only (which rows stopped, which batch is complete, the
 version), never on clocks: with the same seed and config an asynchronous run is bit for bit the same, as the
 synchronous loop is. Weights reach the sampler at the first decode segment after `weight_sync_segments`
-segments since the update was dispatched (0: the next segment, the colocated default).
+segments since the update was dispatched (0: the next segment, the colocated default, which waits for the
+update's results; more: the segments before decode on the old weights, beside the update).
 
 Checkpoints (`state_dict` / `load_state_dict`): a checkpoint at step s aborts the groups in flight (their
 partial episodes are dropped; they restart from their prompts) and keeps finished groups and the prompt records
-of every untrained batch. An uninterrupted run does the same at the same steps, so a run killed at any point
+of every untrained batch. The trainer drains the stream in the step before a checkpoint (`next_batch(drain=True)`:
+no later batch starts, the groups in flight finish), so the abort finds nothing to drop. An uninterrupted run does the same at the same steps, so a run killed at any point
 and resumed from its checkpoint trains every prompt exactly once, on the same episodes, as the uninterrupted
 run (`tests/rl/test_async_trainer.py`).
 """
@@ -43,6 +45,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from agentrl_jax.data.records import PromptRecord
@@ -67,7 +70,9 @@ class AsyncConfig:
     partial: what in-flight episodes do when new weights arrive: "continue" on the cache the old weights wrote,
       or "recompute" it under the new weights first (AReaL's interruptible rollouts).
     weight_sync_segments: decode segments the sampler runs on its old weights after an update is dispatched
-      before the new ones reach it (count-based, so runs stay deterministic); 0 = the next segment.
+      before the new ones reach it (count-based, so runs stay deterministic); 0 = the next segment. Colocated,
+      more than 0 lets those segments run while the update computes, on a copy of the weights the stream keeps
+      (one more copy of the sampler's weights in device memory): with 0 the next segment waits for the update.
     sampler_devices: disaggregated: devices of the sampler (the last ones of the process's devices; the
       trainer keeps the rest).
   """
@@ -87,9 +92,6 @@ class AsyncConfig:
       raise ValueError(f"AsyncConfig.placement: must be one of {PLACEMENTS}, got {self.placement!r}")
     if self.partial not in PARTIAL_MODES:
       raise ValueError(f"AsyncConfig.partial: must be one of {PARTIAL_MODES}, got {self.partial!r}")
-    if self.placement == "colocated" and self.weight_sync_segments:
-      raise ValueError("AsyncConfig.weight_sync_segments: must be 0 in the colocated placement (the sampler reads "
-                       "the trainer's own arrays, which the next update overwrites in place)")
     if self.placement == "disaggregated" and self.sampler_devices < 1:
       raise ValueError("AsyncConfig.sampler_devices: the disaggregated placement needs >= 1 sampler device")
 
@@ -152,6 +154,9 @@ class StreamStats:
   rounds: int = 0
 
 
+_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+
+
 def _group_id(batch: int, position: int, stride: int) -> int:
   return batch * stride + position
 
@@ -201,6 +206,10 @@ class RolloutStream:
     `weight_sync_segments` decode segments (colocated default: at once)."""
     t0 = time.perf_counter()
     placed = self.place(params)
+    if self.cfg.placement == "colocated" and self.cfg.weight_sync_segments:
+      # The sampler keeps decoding on the previous weights while the update computes: they must be its own
+      # copy, as the update overwrites the trainer's arrays in place (donation).
+      placed = _copy(placed)
     self.stats.transfer_s += time.perf_counter() - t0
     self._latest_version = version
     if self._sampler_params is None:
@@ -255,12 +264,15 @@ class RolloutStream:
     token would be drawn by the sampler's version."""
     return version + (j - self.consumed) - self._sampler_version <= self.cfg.max_staleness
 
-  def _admit(self, version: int) -> None:
-    """Adds groups to the loop, in batch order, while its free slots can take them and admission allows."""
+  def _admit(self, version: int, last: int | None = None) -> None:
+    """Adds groups to the loop, in batch order, while its free slots can take them and admission allows (and,
+    with `last`, only groups of batches up to it)."""
     loop = self.loop
     free = loop.b - loop.occupied - len(loop.queue) * self.n
     while free >= self.n:
       j = self.next_admit
+      if last is not None and j > last:
+        return
       if not self._admissible(j, version):
         self.stats.admission_stalls += 1
         return
@@ -286,12 +298,16 @@ class RolloutStream:
       self.stats.scoring_s += time.perf_counter() - t0
       b.groups[p] = (eps, scored)
 
-  def next_batch(self, params, version: int) -> Batch:
+  def next_batch(self, params, version: int, drain: bool = False) -> Batch:
     """Runs the stream until the oldest untrained batch is complete and returns it (consumed).
 
     Args:
       params: the trainer's current params (version `version`); they reach the sampler per `set_params`'s rule.
       version: the trainer's policy version (its step).
+      drain: start no group of a later batch, and return once every group in flight has finished (they wait in
+        the buffer): the step before a checkpoint, whose `state_dict` then aborts nothing. In the main job the
+        aborts threw away ~5% of the generated tokens (68-81 groups at 14 checkpoints, restarted from their
+        prompts); a drained step's tail runs as a synchronous one's does.
     """
     t0 = time.perf_counter()
     if version > self._latest_version:
@@ -300,9 +316,9 @@ class RolloutStream:
     while True:
       self.poll_update(t0)
       self._apply_weights(force=self._blocked(target, version))
-      self._admit(version)
+      self._admit(version, last=target if drain else None)
       b = self.batches.get(target)
-      if b is not None and b.complete:
+      if b is not None and b.complete and not (drain and self.loop.busy):
         break
       if not self.loop.busy:
         raise AssertionError(f"rollout stream: batch {target} is incomplete and nothing is running")

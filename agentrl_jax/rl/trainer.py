@@ -346,7 +346,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                                               max_workers=config.tools.max_concurrency or 8)
             times["scoring"] += time.perf_counter() - t0
         else:  # asynchronous: the oldest untrained batch of the stream, scored as its groups finished
-          b = stream.next_batch(state.params, version=step)
+          # The step before a checkpoint drains the stream: the checkpoint then aborts no episode in flight.
+          b = stream.next_batch(state.params, version=step,
+                                drain=ckpt.should_save(step + 1) or step + 1 == total_steps)
           counters["skipped_prompts"] += b.skipped
           order = sorted(b.groups)
           round_records = [b.records[p] for p in order]

@@ -30,6 +30,8 @@ def test_async_run_is_stale_partial_and_resumes_bit_identical(tmp_path):
   assert all(r["async/staleness_max"] <= 1.0 for r in rows)
   assert sum(r["async/staleness_mean"] for r in rows) > 0
   assert all(r["count/stale_dropped"] == 0 for r in rows)
+  # The steps before checkpoints drain the stream: no checkpoint aborted a group in flight.
+  assert rows[-1]["count/aborted_groups"] == 0
   # Every prompt trained once: 8 steps x 4 prompts, whatever the interruption.
   assert rows[-1]["count/prompts"] == 32 and _metrics(killed)[-1]["count/prompts"] == 32
 

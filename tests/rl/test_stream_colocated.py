@@ -1,0 +1,78 @@
+"""The rollout stream on one mesh (colocated) with delayed weights: the sampler decodes on its own copy of the old
+weights while the update, which overwrites the trainer's arrays in place, computes the new ones."""
+
+from flax import nnx
+import jax
+
+from agentrl_jax import testing
+from agentrl_jax.data.records import PromptRecord
+from agentrl_jax.models import tokenizer as tokenizer_lib
+from agentrl_jax.rl import stream as stream_lib
+from agentrl_jax.rollout.chat import stop_token_ids
+from agentrl_jax.rollout.config import RolloutConfig
+from agentrl_jax.rollout.engine import RenderedPrompts
+from agentrl_jax.rollout.stub_executor import stub_executor
+from agentrl_jax.sampling.config import SamplingConfig
+from agentrl_jax.sampling.sampler import make_sampler
+from agentrl_jax.tools import ExecResult
+
+B, SEG = 4, 8
+CFG = RolloutConfig(batch_size=B, segment_len=SEG, max_prompt_len=64, max_response_len=64, prompt_bucket_min=64,
+                    chunk_len=64, cache_bucket_min=160)
+
+
+class _Engine:
+  def __init__(self, sampler, tok, executor, prompt):
+    self.sampler, self.tokenizer, self.executor, self.cfg, self.prompt = sampler, tok, executor, CFG, prompt
+
+  def render(self, records):
+    return RenderedPrompts(ids=[self.prompt] * len(records), records=list(records), skipped=[])
+
+
+def _batches():
+  for step in range(100):
+    yield [PromptRecord(prompt=[], data_source="t", ground_truth="", extra_info={}, index=step)]
+
+
+def _run(weight_sync_segments: int):
+  tok = testing.tiny_tokenizer()
+  graphdef, p0 = nnx.split(testing.tiny_model(seed=11))
+  _, p1 = nnx.split(testing.tiny_model(seed=12))
+  end, tool_end = stop_token_ids(tok)
+  n_forced = 40
+  sampler = make_sampler(graphdef, testing.tiny_model().cfg, SamplingConfig(
+      end_token_ids=end, tool_end_token_ids=tool_end, segment_len=SEG), batch=B, n_forced=n_forced)
+  prompt = tok.encode(tokenizer_lib.render_chat(tok, [{"role": "user", "content": "Count."}],
+                                                add_generation_prompt=True), add_special_tokens=False)
+  short = tok.encode("one<|im_end|>", add_special_tokens=False)
+  long = tok.encode("one two three four five six seven eight nine ten<|im_end|>", add_special_tokens=False)
+  assert len(short) < SEG and 4 * SEG < len(long) <= n_forced  # batch 0 ends in a segment, later ones span five
+  ex = stub_executor(lambda code: ExecResult("ok"))
+  try:
+    stream = stream_lib.RolloutStream(
+        _Engine(sampler, tok, ex, prompt), _batches(),
+        stream_lib.AsyncConfig(max_staleness=1, weight_sync_segments=weight_sync_segments), n=2,
+        prompts_per_step=1, key=jax.random.key(0), score=lambda eps, rec: None, scripts=lambda ep: [short if ep < 2 else long])
+    trainer = jax.tree.map(lambda x: x.copy(), p0)
+    drawn = []
+    for version in range(3):
+      b = stream.next_batch(trainer, version=version)
+      drawn.append([e.versions[e.versions >= 0].tolist() for e in b.groups[0][0]])
+      # The update donates the trainer's state: its arrays are overwritten in place, here deleted.
+      new = jax.tree.map(lambda x: x.copy(), p1 if version % 2 == 0 else p0)
+      jax.tree.map(lambda x: x.delete(), trainer)
+      trainer = new
+    return drawn
+  finally:
+    ex.close()
+
+
+def test_delayed_weights_decode_on_the_streams_copy_while_the_update_overwrites_the_trainers():
+  at_once, delayed = _run(0), _run(2)
+  # Batch 0 ends within a segment; batch 1 started beside it on version 0. Version 1 reaches the sampler at the
+  # next segment after batch 0 was handed over (its update dispatched), or two segments later: batch 1 holds two
+  # segments more of version-0 tokens, drawn from the stream's copy of the arrays the update deleted.
+  for run in (at_once, delayed):
+    assert run[0] == [[0] * 3] * 2 and all(ep == sorted(ep) and ep[-1] == 1 for ep in run[1])
+  count = lambda run, v: [ep.count(v) for ep in run[1]]  # noqa: E731
+  assert [a + 2 * SEG for a in count(at_once, 0)] == count(delayed, 0) and min(count(delayed, 1)) > 0
