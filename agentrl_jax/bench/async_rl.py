@@ -12,7 +12,8 @@ model's forward and draw), then one real GRPO update (forward, backward, AdamW) 
   sync    the trainer's synchronous loop: roll the step's batch out to completion (`run_rollout`), then update.
   async   the rollout stream of `rl/stream.py` at max_staleness 1 (colocated): slots refill from the next batch
           while the current one finishes, the update is dispatched without waiting, and the sampler takes the
-          new weights at its next decode segment (partial rollouts).
+          new weights at its next decode segment (partial rollouts), or `--weight-sync-segments` k segments later
+          (decoding those on the stream's copy of the old weights, beside the update).
 
 Each mode runs with the agent loop's two tool schedules (pause: the batch waits for all of a turn's calls;
 overlap: rows decode while others wait) and keeps its faster one. Fields: *_tok_s = trained tokens (loss-mask
@@ -163,7 +164,7 @@ def run(args) -> dict:
       if mode == "async":
         engine = _Engine(sampler, tok, executor, rcfg, prompts)
         data = iter(_records(args.prompts, s) for s in range(10 ** 6))
-        stream = stream_lib.RolloutStream(engine, data, stream_lib.AsyncConfig(max_staleness=1), n=args.n,
+        stream = stream_lib.RolloutStream(engine, data, stream_lib.AsyncConfig(max_staleness=1, weight_sync_segments=args.weight_sync_segments), n=args.n,
                                           prompts_per_step=args.prompts, key=key, score=lambda eps, rec: None,
                                           scripts=script_fn)
       for step in range(steps_total):
@@ -227,6 +228,7 @@ def run(args) -> dict:
   out = {
       "bench": "async_rl", "size": args.size, "prompts": args.prompts, "n": args.n, "rows": args.rows,
       "tool_turns": args.tool_turns, "steps": args.steps, "tool_median_s": args.tool_median_s,
+      "weight_sync_segments": args.weight_sync_segments,
       "sync_tok_s": best["sync"][0], "async_tok_s": best["async"][0],
       "sync_schedule": "overlap" if best["sync"][1] else "pause",
       "async_schedule": "overlap" if best["async"][1] else "pause",
@@ -262,6 +264,8 @@ def main(argv=None):
   p.add_argument("--steps", type=int, default=8)
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--tool-median-s", type=float, default=0.2)
+  p.add_argument("--weight-sync-segments", type=int, default=0,
+                 help="async: decode segments on the old weights (the stream's copy) while the update computes")
   args = p.parse_args(argv)
   print(json.dumps(run(args)), flush=True)
 
