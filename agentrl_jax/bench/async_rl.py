@@ -164,9 +164,9 @@ def run(args) -> dict:
       if mode == "async":
         engine = _Engine(sampler, tok, executor, rcfg, prompts)
         data = iter(_records(args.prompts, s) for s in range(10 ** 6))
-        stream = stream_lib.RolloutStream(engine, data, stream_lib.AsyncConfig(max_staleness=1, weight_sync_segments=args.weight_sync_segments), n=args.n,
-                                          prompts_per_step=args.prompts, key=key, score=lambda eps, rec: None,
-                                          scripts=script_fn)
+        acfg = stream_lib.AsyncConfig(max_staleness=1, weight_sync_segments=args.weight_sync_segments)
+        stream = stream_lib.RolloutStream(engine, data, acfg, n=args.n, prompts_per_step=args.prompts, key=key,
+                                          score=lambda eps, rec: None, scripts=script_fn)
       for step in range(steps_total):
         if step == args.warmup:
           jax.block_until_ready(state)

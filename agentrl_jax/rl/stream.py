@@ -29,10 +29,11 @@ update's results; more: the segments before decode on the old weights, beside th
 
 Checkpoints (`state_dict` / `load_state_dict`): a checkpoint at step s aborts the groups in flight (their
 partial episodes are dropped; they restart from their prompts) and keeps finished groups and the prompt records
-of every untrained batch. The trainer drains the stream in the step before a checkpoint (`next_batch(drain=True)`:
-no later batch starts, the groups in flight finish), so the abort finds nothing to drop. An uninterrupted run does the same at the same steps, so a run killed at any point
-and resumed from its checkpoint trains every prompt exactly once, on the same episodes, as the uninterrupted
-run (`tests/rl/test_async_trainer.py`).
+of every untrained batch. The trainer drains the stream in the step before a checkpoint
+(`next_batch(drain=True)`: no later batch starts, the groups in flight finish), so the abort finds nothing to
+drop. An uninterrupted run does the same at the same steps, so a run killed at any point and resumed from its
+checkpoint trains every prompt exactly once, on the same episodes, as the uninterrupted run
+(`tests/rl/test_async_trainer.py`).
 """
 
 from __future__ import annotations

@@ -227,6 +227,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     writer.write_samples(step, [dict(r, kind="eval") for r in rows[:config.eval.samples_to_log]])
     return metrics
 
+  def checkpoint_due(step):
+    """Step `step` ends with a checkpoint (every `checkpoint.every_steps`, and the last)."""
+    return ckpt.should_save(step) or step == total_steps
+
   def eval_due(step):
     return eval_engine is not None and config.eval.every_steps and (step % config.eval.every_steps == 0
                                                                     or step == total_steps)
@@ -347,8 +351,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
             times["scoring"] += time.perf_counter() - t0
         else:  # asynchronous: the oldest untrained batch of the stream, scored as its groups finished
           # The step before a checkpoint drains the stream: the checkpoint then aborts no episode in flight.
-          b = stream.next_batch(state.params, version=step,
-                                drain=ckpt.should_save(step + 1) or step + 1 == total_steps)
+          b = stream.next_batch(state.params, version=step, drain=checkpoint_due(step + 1))
           counters["skipped_prompts"] += b.skipped
           order = sorted(b.groups)
           round_records = [b.records[p] for p in order]
@@ -465,7 +468,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       # Asynchronous runs finish a step (fetch its update's metrics, log) after the next step's rollouts, so the
       # host goes back to the stream at once and the update runs while it decodes; a step that evaluates,
       # checkpoints or ends the run finishes now (a checkpoint needs the update's results anyway).
-      done["finish_now"] = stream is None or step == total_steps or ckpt.should_save(step) or eval_due(step)
+      done["finish_now"] = stream is None or checkpoint_due(step) or eval_due(step)
       if done["finish_now"]:
         finish_step(done)
       else:
