@@ -27,6 +27,12 @@ Per job three processes, each forked from the one before:
            rlimits, drops to the job's uid with an empty capability bounding set, and runs the file as the
            interpreter runs a script (`_Start`): `__name__ == "__main__"`, tracebacks without a zygote frame,
            the same exit codes. When it ends, the kernel kills whatever else lives in its namespace.
+
+What a program can tell from a fresh interpreter: the objects of its start-up state are frozen (`_arm_launch`):
+`gc.get_freeze_count()` > 0, `gc.get_objects()` lists only what the program made, and the collector never frees
+them. Its own objects are collected as usual, at exit too, with one exception: an object in a reference cycle
+that only a start-up module holds (`site.x = obj` with `obj.me = obj`; the modules a fresh interpreter frees as
+garbage at exit: site, operator, itertools, ...) is not finalized at exit.
 """
 
 # What a fresh `python -I -B -u /tmp/main.py` has when its first line runs; the program gets exactly this.
@@ -38,6 +44,7 @@ _BOOT_MODULES = frozenset(sys.modules)
 _BOOT_PATH_CACHE = frozenset(sys.path_importer_cache)
 
 import ctypes  # pylint: disable=wrong-import-position
+import gc  # pylint: disable=wrong-import-position
 import os  # pylint: disable=wrong-import-position
 import resource  # pylint: disable=wrong-import-position
 import select  # pylint: disable=wrong-import-position
@@ -364,6 +371,11 @@ def _arm_launch():
   hook = ctypes.PYFUNCTYPE(ctypes.c_int, _Arg, _Name, _CloseIt)(("PyRun_SimpleFileEx", ctypes.pythonapi))
   hook.errcheck = _exit_code
   _Arg.hook = hook  # sys.excepthook is the only other reference, and from_param replaces it mid-call
+  # Every object alive now (the interpreter's start-up state, shared with the zygote page by page) goes to
+  # the collector's permanent generation, as CPython's docs advise after a fork: its collections, the one
+  # at exit included, then never walk them, and so never write to (copy) the pages they share. O(1): it
+  # relinks three lists. A third of a call's CPU time before (10.1 -> 6.7 ms; `bench.sandbox`).
+  gc.freeze()
   _prepare_main()
   sys.excepthook = hook
 

@@ -69,6 +69,9 @@ SAME_PROGRAMS = {
     "numpy": "import numpy as np\nprint(np.arange(10).sum())",
     "atexit_and_thread": "import atexit, threading, time\natexit.register(print, 'atexit')\n"
                          "threading.Thread(target=lambda: (time.sleep(0.1), print('thread'))).start()\nprint('main')",
+    "collector_and_finalizers": "import gc\nclass A:\n  def __del__(self):\n    print('freed', type(self).__name__)\n"
+                                "a = A()\na.me = a\ndel a\nprint(gc.collect() > 0, gc.isenabled())\n"
+                                "class B(A):\n  pass\nb = B()\nb.me = b\nprint('end')\n",
     "closed_stdout": "import os\nprint('a')\nos.close(1)\nprint('b')",
     "recursion_depth": "import sys\ndef f(n):\n  try:\n    return f(n + 1)\n  except RecursionError:\n    return n\n"
                        "print(f(0), sys.getrecursionlimit())",
