@@ -267,6 +267,7 @@ def main(argv=None):
   p.add_argument("--weight-sync-segments", type=int, default=0,
                  help="async: decode segments on the old weights (the stream's copy) while the update computes")
   args = p.parse_args(argv)
+  common.start_backend("async_rl")
   print(json.dumps(run(args)), flush=True)
 
 

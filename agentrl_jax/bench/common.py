@@ -125,6 +125,37 @@ def log(msg: str) -> None:
   print(msg, file=sys.stderr, flush=True)
 
 
+def start_backend(bench: str) -> str | None:
+  """Starts JAX's backends (the first device query) with this process's native stderr sent to a log file, so the
+  console keeps the benchmark's own lines: an installed libtpu on a machine without a TPU writes its probing
+  errors ("could not determine TPU accelerator type", ...) straight to file descriptor 2, where no Python
+  logging setting reaches. The file is `$AGENTRL_BENCH_LOG_DIR` (default the temp dir) /
+  `agentrl_jax_bench_<bench>.log`; returns its path when something was written there (one console line says
+  where), else None. A benchmark calls it before anything else touches a device."""
+  import tempfile
+
+  import jax
+
+  path = os.path.join(os.environ.get("AGENTRL_BENCH_LOG_DIR") or tempfile.gettempdir(),
+                      f"agentrl_jax_bench_{bench}.log")
+  sys.stderr.flush()
+  saved = os.dup(2)
+  try:
+    with open(path, "wb") as f:
+      os.dup2(f.fileno(), 2)
+      try:
+        jax.devices()
+      finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+  finally:
+    os.close(saved)
+  if os.path.getsize(path) == 0:
+    return None
+  log(f"[bench.{bench}] the backends' start-up messages: {path}")
+  return path
+
+
 def backend_info() -> dict:
   """This process's JAX backend and devices, for the JSON line of every side of a comparison."""
   import jax

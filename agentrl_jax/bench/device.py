@@ -186,6 +186,7 @@ def main(argv=None) -> list[dict]:
   args = ap.parse_args(argv)
   if args.smoke:
     args = ap.parse_args([*SMOKE, *(sys.argv[1:] if argv is None else argv)])
+  common.start_backend("device")
   impl = attention_kernels.auto_impl() if args.attention == "auto" else args.attention
   cfg = ModelConfig.by_name(args.size, param_dtype=args.dtype, dtype=args.dtype, attention_impl=impl)
   devices = jax.devices()[:args.devices or None]

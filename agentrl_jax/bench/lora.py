@@ -149,6 +149,7 @@ def main(argv=None) -> list[dict]:
   ap.add_argument("--rounds", type=int, default=5)
   ap.add_argument("--seed", type=int, default=0)
   args = ap.parse_args(argv)
+  common.start_backend("lora")
   outs = []
   for size in args.sizes:
     out = run_size(size, args)

@@ -330,6 +330,7 @@ def main(argv=None) -> None:
   p.add_argument("--no-compile-cache", dest="compile_cache", action="store_false",
                  help="skip the persistent-cache (rerun) measurement")
   args, scale = guard.parse_args(p, argv, SMOKE)
+  common.start_backend("rollout")
   line = run(args)
   failures = guard.judge("rollout", line, scale, args.check)
   print(json.dumps(line), flush=True)

@@ -290,6 +290,7 @@ def main(argv=None) -> None:
   p.add_argument("--no-hf", action="store_true")
   p.add_argument("--no-tunix", action="store_true")
   args, scale = guard.parse_args(p, argv, SMOKE)
+  common.start_backend("sampler")
   failures = []
   for size in args.sizes.split(","):
     line = run_size(size, args)

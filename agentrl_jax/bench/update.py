@@ -250,6 +250,7 @@ def main(argv=None) -> None:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--no-tunix", action="store_true")
   args, scale = guard.parse_args(p, argv, SMOKE)
+  common.start_backend("update")
   line = run(args)
   failures = guard.judge("update", line, scale, args.check)
   print(json.dumps(line), flush=True)
