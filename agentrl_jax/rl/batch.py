@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -118,6 +119,14 @@ def score_episodes(episodes: Sequence[Episode], records: Sequence[PromptRecord],
   return Scored.concat(multihost.allgather_objects(part))
 
 
+@functools.lru_cache(maxsize=None)
+def _scoring_pool(max_workers: int) -> concurrent.futures.ThreadPoolExecutor:
+  """One pool of scoring threads per width, kept for the process: the asynchronous stream scores each group as
+  it finishes (a thousand calls and more in the main job's RL stage), and a pool made per call cost ~0.6 ms of
+  thread start-up and join each time. Its tasks never submit to it, so concurrent callers cannot deadlock."""
+  return concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="score")
+
+
 def _score_local(episodes, records, *, tokenizer, executor, reward_cfg, shaping_cfg, max_workers) -> Scored:
   texts = [model_text(tokenizer, e) for e in episodes]
 
@@ -126,8 +135,7 @@ def _score_local(episodes, records, *, tokenizer, executor, reward_cfg, shaping_
     return rewards.compute_score(rec.data_source, texts[i], rec.ground_truth, rec.extra_info, executor=executor,
                                  cfg=reward_cfg)
 
-  with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
-    results = list(pool.map(one, range(len(episodes))))
+  results = list(_scoring_pool(max(1, max_workers)).map(one, range(len(episodes))))
   score = np.array([r.score for r in results], np.float32)
   lengths = np.array([e.response_len for e in episodes])
   penalty = np.asarray(rewards.shaping.overlong_penalty(lengths, shaping_cfg.max_response_tokens,

@@ -117,3 +117,21 @@ def test_counted_calls_rejects_unknown_counts(env):
     episodes[0].counted_calls("all")
   with pytest.raises(ValueError, match="tool_call_count"):
     rewards.ShapingConfig(tool_call_count="all")
+
+
+def test_scoring_reuses_one_pool_and_scores_the_same(env):
+  """Scoring runs on one pool per width kept for the process (the stream scores every group as it finishes):
+  however many calls, no more threads than its width are ever started, and the scores follow the episodes."""
+  import threading
+
+  episodes, records = run(env, [[WRONG], [RIGHT], [call("print(2+2)"), RIGHT], [WRONG]])
+  kw = dict(tokenizer=env[0], executor=None, reward_cfg=rewards.RewardConfig(), shaping_cfg=SHAPING, max_workers=3)
+  first = batch_lib.score_episodes(episodes, records, **kw)
+  assert first.score.tolist() == [-1.0, 1.0, 1.0, -1.0]
+  for _ in range(5):
+    again = batch_lib.score_episodes(episodes[::-1], records, **kw)
+    assert again.score.tolist() == first.score.tolist()[::-1]
+    assert again.reward.tolist() == first.reward.tolist()[::-1]
+  # The pool names its threads score_0, score_1, ... in the order it starts them.
+  started = {t.name for t in threading.enumerate() if t.name.startswith("score_")}
+  assert started and started <= {"score_0", "score_1", "score_2"}
