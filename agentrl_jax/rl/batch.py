@@ -124,7 +124,7 @@ def _scoring_pool(max_workers: int) -> concurrent.futures.ThreadPoolExecutor:
   """One pool of scoring threads per width, kept for the process: the asynchronous stream scores each group as
   it finishes (a thousand calls and more in the main job's RL stage), and a pool made per call cost ~0.6 ms of
   thread start-up and join each time. Its tasks never submit to it, so concurrent callers cannot deadlock."""
-  return concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="score")
+  return concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"score-w{max_workers}")
 
 
 def _score_local(episodes, records, *, tokenizer, executor, reward_cfg, shaping_cfg, max_workers) -> Scored:

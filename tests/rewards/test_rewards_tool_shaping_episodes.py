@@ -132,6 +132,7 @@ def test_scoring_reuses_one_pool_and_scores_the_same(env):
     again = batch_lib.score_episodes(episodes[::-1], records, **kw)
     assert again.score.tolist() == first.score.tolist()[::-1]
     assert again.reward.tolist() == first.reward.tolist()[::-1]
-  # The pool names its threads score_0, score_1, ... in the order it starts them.
-  started = {t.name for t in threading.enumerate() if t.name.startswith("score_")}
-  assert started and started <= {"score_0", "score_1", "score_2"}
+  # The width-3 pool names its threads score-w3_0, score-w3_1, ... in the order it starts them (other tests'
+  # scoring in this process has pools of other widths).
+  started = {t.name for t in threading.enumerate() if t.name.startswith("score-w3_")}
+  assert started and started <= {"score-w3_0", "score-w3_1", "score-w3_2"}
