@@ -131,7 +131,8 @@ def start_backend(bench: str) -> str | None:
   errors ("could not determine TPU accelerator type", ...) straight to file descriptor 2, where no Python
   logging setting reaches. The file is `$AGENTRL_BENCH_LOG_DIR` (default the temp dir) /
   `agentrl_jax_bench_<bench>.log`; returns its path when something was written there (one console line says
-  where), else None. A benchmark calls it before anything else touches a device."""
+  where), else None and removes the empty file (a quiet backend leaves nothing behind, not even last run's log).
+  A benchmark calls it before anything else touches a device."""
   import tempfile
 
   import jax
@@ -151,6 +152,7 @@ def start_backend(bench: str) -> str | None:
   finally:
     os.close(saved)
   if os.path.getsize(path) == 0:
+    os.remove(path)
     return None
   log(f"[bench.{bench}] the backends' start-up messages: {path}")
   return path

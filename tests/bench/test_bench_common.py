@@ -35,6 +35,9 @@ def test_start_backend_sends_native_stderr_to_the_log(tmp_path):
 
 
 def test_start_backend_quiet_backend_says_nothing(tmp_path):
+  log = tmp_path / "agentrl_jax_bench_probe.log"
+  log.write_text("E0000 an earlier run's probing\n")
   proc = _run(tmp_path, "quiet")
   assert proc.stdout.strip() == "None"
   assert proc.stderr == "[bench.probe] after start-up\n"
+  assert not log.exists()  # no empty file left, and no earlier run's messages read as this run's
