@@ -312,7 +312,7 @@ def _run_seeds_in_processes(config: ml_collections.ConfigDict, workdir: str) -> 
       else:
         console.say(f"=== ablations: seed {seed} finished in {time.perf_counter() - t0:.0f} s")
   if failed:
-    raise RuntimeError(f"ablations: seeds {failed} failed (their consoles: seed<N>.console.txt in {workdir}); "
+    raise RuntimeError(f"ablations: seeds {sorted(failed)} failed (their consoles: seed<N>.console.txt in {workdir}); "
                        "finished arms are kept and a rerun resumes the rest")
 
 
