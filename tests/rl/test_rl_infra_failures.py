@@ -171,3 +171,63 @@ def test_unknown_data_source_is_refused_when_the_data_loads(tmp_path):
   with pytest.raises(ValueError, match=f"{path}: row 3: no reward for data_source 'unheard_of_bench'"):
     trainer.run(config, str(tmp_path / "run"))
   assert not os.path.exists(tmp_path / "run" / "checkpoints")  # refused before any model or rollout work
+
+
+# The same failures in an asynchronous run (`rl.max_staleness` = 1; two batches fill the 64 row slots, so the
+# next batch is decoding and scoring beside each update): the stream scores groups as they finish, and a step
+# whose update turns out non-finite is finished after the next step's rollouts.
+ASYNC = {"rl.max_staleness": 1, "rollout.batch_size": 64}
+
+
+@pytest.mark.parametrize("dead_third", [0], indirect=True)
+def test_async_run_leaves_dead_sandbox_rows_out_of_the_advantages(tmp_path, dead_third):
+  last = trainer.run(_config(tmp_path, **{"rl.total_steps": 2, "rl.max_infra_failure_frac": 0.5, **ASYNC}),
+                     str(tmp_path))
+  assert last["async/staleness_max"] == 1.0  # asynchronous for real: step 2 trained tokens of version 0
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  samples = [json.loads(line) for line in open(tmp_path / "samples.jsonl")]
+  assert len(samples) == 2 * 32
+  bad = [s for s in samples if s["failure"]]
+  # Every third scoring call fails, in whatever order the stream's groups finished, and no third batch starts
+  # (the step before the last checkpoint drains the stream): 22 of the 64 calls, whichever step had them.
+  assert len(bad) == 2 * 11 == sum(r["reward/infra_failures"] for r in rows) == last["count/infra_failures"]
+  assert {s["failure"] for s in bad} == {"sandbox"} and all(s["advantage"] == 0.0 for s in bad)
+  assert any(s["advantage"] != 0.0 for s in samples if not s["failure"])
+
+
+@pytest.mark.parametrize("dead_third", [0], indirect=True)
+def test_async_run_past_the_threshold_stops_before_the_update(tmp_path, dead_third):
+  # Both batches decode from the start, so how many of step 1's responses drew a failing call depends on the
+  # order their groups finished (a third of the 64 calls fail: 11 when step 1's groups finish first).
+  with pytest.raises(batch_lib.RunStopped, match=r"rl: step 1: the reward of \d+ of 32 responses .*"
+                                                 r"max_infra_failure_frac=0.05: sandbox x\d+"):
+    trainer.run(_config(tmp_path, **{"rl.total_steps": 3, **ASYNC}), str(tmp_path))
+  assert os.listdir(tmp_path / "checkpoints") == []  # nothing was trained, nothing saved
+
+
+def test_async_consecutive_nonfinite_steps_stop_the_run(tmp_path, monkeypatch):
+  real = update_lib.make_update_fn
+
+  def poisoned(*args, **kwargs):
+    update = real(*args, **kwargs)
+    calls = itertools.count()
+
+    def step(state, batch, key):  # from the third mini-batch (step 2) on, advantages are NaN: a real NaN loss
+      if next(calls) >= 2:
+        batch = dict(batch, advantages=batch["advantages"] * jnp.nan)
+      return update(state, batch, key)
+
+    return step
+
+  monkeypatch.setattr(update_lib, "make_update_fn", poisoned)
+  # Checkpoints every 3 steps: step 2 is finished after step 3's rollouts (its update ran beside them), step 3
+  # (due a checkpoint) at once, where the second non-finite step in a row stops the run and saves nothing.
+  config = testing.load_config("rl_toy", "digits", **{
+      "model.tokenizer_path": testing.tiny_tokenizer_dir(), "rl.total_steps": 6, "checkpoint.every_steps": 3,
+      "rl.max_consecutive_nonfinite_steps": 2, **ASYNC})
+  with pytest.raises(batch_lib.RunStopped, match="2 steps in a row had updates with a non-finite loss"):
+    trainer.run(config, str(tmp_path))
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  assert [(r["step"], r["train/nonfinite_updates"], r["count/nonfinite_steps"]) for r in rows] == [
+      (1, 0.0, 0.0), (2, 2.0, 1.0), (3, 2.0, 2.0)]
+  assert os.listdir(tmp_path / "checkpoints") == []
