@@ -19,8 +19,11 @@ Each mode runs with the agent loop's two tool schedules (pause: the batch waits 
 overlap: rows decode while others wait) and keeps its faster one. Fields: *_tok_s = trained tokens (loss-mask
 tokens of the updated episodes) per second over the timed steps (after `--warmup` steps that compile
 everything); speedup = async / sync tok/s, each at its faster schedule (speedup_same_schedule_*: per schedule);
-*_staleness_max, async_partial_frac: what the async run trained on; tool_latency_p50_s / p99_s: of the calls
-made; per mode and schedule, *_wall_s (timed steps), *_rollout_s (the trainer waiting for its batch: the whole
+*_staleness_max, async_partial_frac: what the async run trained on; async_batches_ready: timed steps whose batch
+was complete before the trainer asked for it (it finished beside the one before, so their two updates run back to
+back); tool_latency_p50_s / p99_s: of the calls made; tool_chain_s: the sum over the timed steps of the step's
+slowest episode's own tool waits (its calls' latencies, one after another), sync_tool_chain_frac: that over the
+synchronous wall time (the synchronous loop cannot wait less); per mode and schedule, *_wall_s (timed steps), *_rollout_s (the trainer waiting for its batch: the whole
 rollout when synchronous), *_tool_wait_s (the loop blocked on tools with nothing to decode), *_decode_calls,
 *_rows_per_call (rows decoding per call, of `--rows`), *_cpu_s (CPU seconds of the process over the timed
 steps) and *_traces (programs compiled during the timed steps, by JAX's compile events: the sampler's, the
@@ -62,6 +65,7 @@ from agentrl_jax.rollout.chat import stop_token_ids
 from agentrl_jax.rollout.config import RolloutConfig
 from agentrl_jax.rollout.engine import RenderedPrompts
 from agentrl_jax.rollout.episode import collate
+from agentrl_jax.rollout.parser import parse_tool_calls
 from agentrl_jax.rollout.stub_executor import stub_executor
 from agentrl_jax.sampling.config import SamplingConfig
 from agentrl_jax.sampling.sampler import make_sampler
@@ -75,6 +79,15 @@ def remote_latency(code: str, median_s: float) -> float:
   """A call's service latency: lognormal, drawn from the code (the same call waits the same in both modes)."""
   seed = int.from_bytes(hashlib.sha256(code.encode()).digest()[:8], "little")
   return float(median_s * math.exp(SIGMA * np.random.default_rng(seed).standard_normal()))
+
+
+def slowest_tool_chain(tokenizer, scripts, median_s: float) -> float:
+  """The longest an episode of `scripts` waits on its own tool calls, one after another (the sum of their
+  latencies): no loop returns the batch sooner, whatever it overlaps."""
+  def chain(turns):
+    calls = [c for t in turns for c in parse_tool_calls(tokenizer.decode(t))]
+    return sum(remote_latency(c.arguments["code"], median_s) for c in calls)
+  return max(chain(s) for s in scripts)
 
 
 def remote_executor(median_s: float, latencies: list[float]):
@@ -158,7 +171,7 @@ def run(args) -> dict:
     _, state = fresh_state()
     script_fn = lambda ep: scripts[ep]  # noqa: E731  # episode group * n + sample of the global prompt list
     key = jax.random.key(1)
-    trained, t_start, stale, partial = 0, None, [], []
+    trained, t_start, stale, partial, ready = 0, None, [], [], 0
     decode_calls = tool_wait = rollout_s = active_rows = 0.0
     try:
       if mode == "async":
@@ -185,6 +198,8 @@ def run(args) -> dict:
             tool_wait += rs.tool_wait_s
         else:
           calls0, rows0 = stream.loop.stats.decode_calls, stream.loop.stats.active_rows
+          waiting = stream.batches.get(stream.consumed)  # complete already: it finished beside the one before
+          ready += step >= args.warmup and waiting is not None and waiting.complete
           b = stream.next_batch(state.params, version=step)
           eps = [e for p in sorted(b.groups) for e in b.groups[p][0]]
           st = stream.take_stats()
@@ -215,7 +230,7 @@ def run(args) -> dict:
            "latency_p50_s": float(np.percentile(latencies, 50)), "latency_p99_s": float(np.percentile(latencies, 99))}
     if mode == "async":
       out.update(staleness_max=float(max(stale)), staleness_mean=float(np.mean(stale)),
-                 partial_frac=float(np.mean(partial)))
+                 partial_frac=float(np.mean(partial)), batches_ready=ready)
     return out
 
   res = {}
@@ -224,6 +239,9 @@ def run(args) -> dict:
       common.log(f"{mode} {'overlap' if overlap else 'pause'}")
       res[(mode, overlap)] = one_mode(mode, overlap)
   best = {m: max((res[(m, o)]["tok_s"], o) for o in (False, True)) for m in ("sync", "async")}
+  per_step = args.prompts * args.n
+  chain_s = sum(slowest_tool_chain(tok, scripts[s * per_step:(s + 1) * per_step], args.tool_median_s)
+                for s in range(args.warmup, steps_total))
   a, s = res[("async", best["async"][1])], res[("sync", best["sync"][1])]
   out = {
       "bench": "async_rl", "size": args.size, "prompts": args.prompts, "n": args.n, "rows": args.rows,
@@ -236,7 +254,9 @@ def run(args) -> dict:
       "speedup_same_schedule_pause": res[("async", False)]["tok_s"] / res[("sync", False)]["tok_s"],
       "speedup_same_schedule_overlap": res[("async", True)]["tok_s"] / res[("sync", True)]["tok_s"],
       "async_staleness_max": a["staleness_max"], "async_staleness_mean": a["staleness_mean"],
-      "async_partial_frac": a["partial_frac"],
+      "async_partial_frac": a["partial_frac"], "async_batches_ready": a["batches_ready"],
+      # The timed steps' slowest episodes' own tool waits: the synchronous loop waits at least that long.
+      "tool_chain_s": chain_s, "sync_tool_chain_frac": chain_s / s["wall_s"],
       # How full the cores were over the timed steps; 1 / the synchronous one: the speedup of the synchronous
       # loop's CPU work done with every core busy throughout (overlap gains no more unless it saves work).
       "sync_cpu_busy_frac": s["cpu_busy_frac"],
