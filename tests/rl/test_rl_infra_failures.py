@@ -133,14 +133,15 @@ def test_past_the_threshold_the_run_stops_naming_the_cause(tmp_path, dead_third)
   assert [r["step"] for r in rows] == [1] and rows[0]["reward/infra_failures"] == 0
 
 
-def test_consecutive_nonfinite_steps_stop_the_run_keeping_the_last_finite_checkpoint(tmp_path, monkeypatch):
+def _poison_updates_from_step_2(monkeypatch):
+  """From the third mini-batch (step 2; two a step) on, the update's advantages are NaN: a real NaN loss."""
   real = update_lib.make_update_fn
 
   def poisoned(*args, **kwargs):
     update = real(*args, **kwargs)
     calls = itertools.count()
 
-    def step(state, batch, key):  # from the third mini-batch (step 2) on, advantages are NaN: a real NaN loss
+    def step(state, batch, key):
       if next(calls) >= 2:
         batch = dict(batch, advantages=batch["advantages"] * jnp.nan)
       return update(state, batch, key)
@@ -148,6 +149,10 @@ def test_consecutive_nonfinite_steps_stop_the_run_keeping_the_last_finite_checkp
     return step
 
   monkeypatch.setattr(update_lib, "make_update_fn", poisoned)
+
+
+def test_consecutive_nonfinite_steps_stop_the_run_keeping_the_last_finite_checkpoint(tmp_path, monkeypatch):
+  _poison_updates_from_step_2(monkeypatch)
   config = testing.load_config("rl_toy", "digits", **{
       "model.tokenizer_path": testing.tiny_tokenizer_dir(), "rl.total_steps": 6, "checkpoint.every_steps": 1,
       "rl.max_consecutive_nonfinite_steps": 2})
@@ -206,20 +211,7 @@ def test_async_run_past_the_threshold_stops_before_the_update(tmp_path, dead_thi
 
 
 def test_async_consecutive_nonfinite_steps_stop_the_run(tmp_path, monkeypatch):
-  real = update_lib.make_update_fn
-
-  def poisoned(*args, **kwargs):
-    update = real(*args, **kwargs)
-    calls = itertools.count()
-
-    def step(state, batch, key):  # from the third mini-batch (step 2) on, advantages are NaN: a real NaN loss
-      if next(calls) >= 2:
-        batch = dict(batch, advantages=batch["advantages"] * jnp.nan)
-      return update(state, batch, key)
-
-    return step
-
-  monkeypatch.setattr(update_lib, "make_update_fn", poisoned)
+  _poison_updates_from_step_2(monkeypatch)
   # Checkpoints every 3 steps: step 2 is finished after step 3's rollouts (its update ran beside them), step 3
   # (due a checkpoint) at once, where the second non-finite step in a row stops the run and saves nothing.
   config = testing.load_config("rl_toy", "digits", **{
