@@ -23,15 +23,15 @@ everything); speedup = async / sync tok/s, each at its faster schedule (speedup_
 was complete before the trainer asked for it (it finished beside the one before, so their two updates run back to
 back); tool_latency_p50_s / p99_s: of the calls made; tool_chain_s: the sum over the timed steps of the step's
 slowest episode's own tool waits (its calls' latencies, one after another), sync_tool_chain_frac: that over the
-synchronous wall time (the synchronous loop cannot wait less); per mode and schedule, *_wall_s (timed steps), *_rollout_s (the trainer waiting for its batch: the whole
-rollout when synchronous), *_tool_wait_s (the loop blocked on tools with nothing to decode), *_decode_calls,
-*_rows_per_call (rows decoding per call, of `--rows`), *_cpu_s (CPU seconds of the process over the timed
-steps) and *_traces (programs compiled during the timed steps, by JAX's compile events: the sampler's, the
-update's, eager ops'; 0 when the warm-up compiled everything). sync_cpu_busy_frac / async_cpu_busy_frac: the
-fraction of the host's cores those CPU seconds filled (`metrics_writer.cpu_busy_frac`); speedup_at_full_cores =
-1 / sync_cpu_busy_frac, the synchronous loop's CPU work done with every core busy throughout: where decode and
-update already fill the cores, overlapping them (the remote tools cost no CPU) gains no more than that; a schedule
-beats it only by doing less work (fewer, fuller decode calls).
+synchronous wall time (the synchronous loop cannot wait less); per mode and schedule, *_wall_s (timed steps),
+*_rollout_s (the trainer waiting for its batch: the whole rollout when synchronous), *_tool_wait_s (the loop blocked
+on tools with nothing to decode), *_decode_calls, *_rows_per_call (rows decoding per call, of `--rows`), *_cpu_s
+(CPU seconds of the process over the timed steps) and *_traces (programs compiled during the timed steps, by JAX's
+compile events: the sampler's, the update's, eager ops'; 0 when the warm-up compiled everything). sync_cpu_busy_frac
+/ async_cpu_busy_frac: the fraction of the host's cores those CPU seconds filled (`metrics_writer.cpu_busy_frac`);
+speedup_at_full_cores = 1 / sync_cpu_busy_frac, the synchronous loop's CPU work done with every core busy
+throughout: where decode and update already fill the cores, overlapping them (the remote tools cost no CPU) gains no
+more than that; a schedule beats it only by doing less work (fewer, fuller decode calls).
 Both modes train the same prompts and draw the same scripted tokens.
 """
 
