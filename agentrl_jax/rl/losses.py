@@ -36,7 +36,7 @@ class PolicyLossOutput(NamedTuple):
   """Per-token outputs of a policy loss; every field is [B, T] float32 and exactly 0 where mask is 0.
 
   Attributes:
-    loss: per-token policy-gradient loss (TIS weight already applied).
+    loss: per-token policy-gradient loss, unweighted (`grpo_objective` multiplies it by the behaviour weight).
     clip_high: 1 where the upper clip bound was active (A > 0, ratio > 1 + clip_high).
     clip_low: 1 where the lower clip bound was active (A < 0, ratio < 1 - clip_low).
     dual_clip: 1 where the dual clip was active (A < 0, ratio > c).
@@ -436,12 +436,12 @@ def grpo_objective(
     ppo_kl (k1 estimate of KL(old || current), verl's), approx_kl (k3 estimate of the same), and when given:
     entropy, kl_ref, and the off-policy metrics of `offpolicy.correct` when it runs here.
   """
-  corr_metrics = {}
+  corr_metrics, nan_free = {}, None
   if is_weight is None and norm is None and logp_sampler is not None:  # the whole mini-batch: correct it here
     corr = offpolicy.correct(cfg.correction, logp_prox=logp_old, logp_behav=logp_sampler, mask=mask,
                              segment_ids=segment_ids)
     if cfg.needs_proximal_logp:
-      mask = corr.mask
+      mask, nan_free = corr.mask, corr.nan_free
     is_weight, corr_metrics = corr.weight, corr.metrics
   elif cfg.needs_proximal_logp and is_weight is None:
     if norm is None:
@@ -488,5 +488,7 @@ def grpo_objective(
     loss = loss + cfg.kl_coeff * aggregate(kl, mask, mode, norm)
     metrics["kl_ref"] = tok_mean(kl)
   metrics.update(corr_metrics)
+  if nan_free is not None:  # a NaN behaviour log-prob: the loss is NaN (the caller skips the step) in every config
+    loss = jnp.where(nan_free, loss, jnp.nan)
   metrics["loss"] = loss
   return loss, metrics

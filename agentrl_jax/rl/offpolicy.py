@@ -20,8 +20,9 @@ segment id of a row is one sequence, so every per-sequence sum, mean and max is 
 Segment ids must lie in [0, T]; id 0 is padding (never trained).
 
 All log-ratios are clamped to +-20 before exp (verl's SAFETY_BOUND), and untrained positions are selected away
-before any arithmetic, so garbage there (NaN, -inf) never leaks. A NaN on a trained token is NOT rejected: it
-reaches the loss, and the update skips the step as for any non-finite loss.
+before any arithmetic, so garbage there (NaN, -inf) never leaks. A NaN log-ratio on a trained token is NOT
+rejected (verl's rules drop it): `Correction.nan_free` is False, and the update skips the step as for any
+non-finite loss, whatever the config weights or rejects (a rejection-only config never reads the weight).
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ REJECTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "s
               "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")  # verl's SUPPORTED_ROLLOUT_RS_OPTIONS
 # The thresholds of verl's RolloutCorrectionConfig presets, used when no threshold is given:
 # geometric-mean rejection (decoupled_geo_rs), K3 rejection (decoupled_k3_rs), sequence MIS (decoupled_seq_is_rs).
-DEFAULT_REJECTION_THRESHOLDS = {"seq_mean_k1": "0.999_1.001", "seq_mean_k3": 0.01, "seq_sum_k1": "0.5_2.0"}
+DEFAULT_REJECTION_THRESHOLDS = {"seq_mean_k1": "0.999_1.001", "seq_mean_k3": "0.01", "seq_sum_k1": "0.5_2.0"}
 
 
 class RejectionRule(NamedTuple):
@@ -146,7 +147,8 @@ def parse_rejection(rejection: str, threshold: str | float | None) -> tuple[Reje
 
   `rejection` is a comma-separated list of REJECTIONS (all must pass; duplicates dropped). `threshold` is one spec
   shared by all options or one per option (comma-separated); None takes DEFAULT_REJECTION_THRESHOLDS. A k1 spec is
-  "lower_upper" in ratio space (log taken here), or one number u meaning [1/u, u]; a k2/k3 spec is one upper bound.
+  "lower_upper" in ratio space (log taken here), or one number u meaning [1/u, u]; a k2/k3 spec is one upper bound
+  (an underscore there is an error, as in verl: a k1 spec shared with a k3 option must not be read as one number).
 
   Raises:
     ValueError: unknown option, missing / malformed / non-positive threshold, or a count mismatch.
@@ -181,7 +183,7 @@ def parse_rejection(rejection: str, threshold: str | float | None) -> tuple[Reje
           raise ValueError
         rules.append(RejectionRule(o, math.log(lo), math.log(hi)))
       else:
-        hi = float(spec)
+        hi = float("nan" if "_" in spec else spec)  # float() would read "1_2" as 12
         if not 0 < hi < math.inf:
           raise ValueError
         rules.append(RejectionRule(o, None, hi))
@@ -220,7 +222,8 @@ class CorrectionConfig:
 
   @property
   def ess_threshold(self) -> float:
-    """The weights of the ESS metric are clamped to [1/thr, thr] (verl), thr = the cap the loss uses."""
+    """The weights of the ESS metric are clamped to [1/thr, thr] (verl), thr = the cap the loss uses: with only
+    AReaL's cap (5.0) that is [0.2, 5], wider than verl's default [0.5, 2], so the ESS < 0.3 alarm fires sooner."""
     for cap in (self.tis_cap, self.behav_imp_weight_cap):
       if cap is not None and math.isfinite(cap) and cap > 1.0:
         return float(cap)
@@ -235,11 +238,13 @@ class Correction(NamedTuple):
       mask is 0), or None when the config weights nothing.
     mask: [B, T] bool, the loss mask after rejection (pass it to the loss AND to `losses.agg_normaliser`).
     metrics: float32 scalars (see `correct`).
+    nan_free: bool scalar, False when a trained token's log-ratio is NaN (the update must skip the step).
   """
 
   weight: Float[Array, "B T"] | None
   mask: Shaped[Array, "B T"]
   metrics: dict[str, Array]
+  nan_free: Shaped[Array, ""]
 
 
 # Metrics whose mini-batch values must not be averaged (see reduce_update_metrics): additive parts and maxima.
@@ -263,7 +268,10 @@ def correct(cfg: CorrectionConfig | None, *, logp_prox: Float[Array, "B T"], log
     Rejection rule on statistic s (per token, or the sum / mean / max over the sequence, from the token
     estimators k1 = -lr, k2 = lr^2 / 2, k3 = exp(lr) - 1 - lr, lr clamped to +-20): the token (or its whole
     sequence) is dropped from the mask when s > upper or s < lower. Exactly verl's compute_rollout_rejection_mask,
-    except that NaN is not rejected (the update's non-finite check must see it).
+    except that NaN is not rejected: `nan_free` reports it, and the update skips the step.
+    With is_level "sequence", behav_imp_weight_cap zeroes a sequence whose likelihood ratio (the product of r)
+    exceeds the cap: verl's sequence weight under AReaL's token_mask rule (AReaL's own sequence modes compare the
+    geometric mean of r, which a long sequence exceeds far less often).
 
   Args:
     cfg: the correction; None computes only the metrics (weight None, mask unchanged).
@@ -282,7 +290,10 @@ def correct(cfg: CorrectionConfig | None, *, logp_prox: Float[Array, "B T"], log
     "ppl_ratio", trainer perplexity / sampler perplexity), rejected_token_frac (trained tokens the correction
     removes from the loss: rejected, or weight zeroed by behav_imp_weight_cap), rejected_seq_frac (sequences
     with such a token, of the sequences with a trained token), and the additive parts is_tokens, is_weight_sum,
-    is_clamped_sum, is_clamped_sq_sum (see reduce_update_metrics).
+    is_clamped_sum, is_clamped_sq_sum (see reduce_update_metrics). Denominators differ from verl's in two places:
+    rejected_seq_frac and behav_ppl_ratio average over the sequences with a trained token (verl's over every row,
+    an empty row counting 0 and 1), so padding does not dilute them; is_weight_frac_high counts tokens at both
+    levels (verl's sequence level counts sequences).
   """
   m = mask != 0
   f32 = jnp.float32
@@ -351,7 +362,8 @@ def correct(cfg: CorrectionConfig | None, *, logp_prox: Float[Array, "B T"], log
       "is_tokens": n_tok, "is_weight_sum": w_sum, "is_clamped_sum": c_sum, "is_clamped_sq_sum": c_sq,
   }
   metrics = {k: lax.stop_gradient(jnp.asarray(v, f32)) for k, v in metrics.items()}
-  return Correction(weight, keep, metrics)
+  nan_free = ~jnp.any(m & jnp.isnan(lr))
+  return Correction(weight, keep, metrics, nan_free)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -360,7 +372,7 @@ def correct(cfg: CorrectionConfig | None, *, logp_prox: Float[Array, "B T"], log
 
 _OFF = dict(is_level="token", tis_cap=None, behav_imp_weight_cap=None, rejection=None, rejection_threshold=None)
 _GEO = dict(rejection="seq_mean_k1", rejection_threshold="0.999_1.001")
-_K3 = dict(rejection="seq_mean_k3", rejection_threshold=0.01)
+_K3 = dict(rejection="seq_mean_k3", rejection_threshold="0.01")  # a string, as config.rl.loss's field is
 _TOKEN_TIS = dict(is_level="token", tis_cap=2.0)
 _SEQ_TIS = dict(is_level="sequence", tis_cap=2.0)
 PRESETS: dict[str, dict] = {

@@ -115,7 +115,8 @@ def rl_config(**model) -> ml_collections.ConfigDict:
                 entropy_coeff=0.0, kl_coeff=0.0, kl_type="low_var_kl",
                 # Off-policy correction between the sampler (behaviour) and the trainer's recomputation
                 # (proximal), for asynchronous runs; off in the recipe. `rl.offpolicy.preset(name)` gives verl's
-                # and AReaL's presets (e.g. "decoupled_token_is": AReaL's decoupled PPO with token TIS 2.0).
+                # and AReaL's presets (e.g. "decoupled_token_is": verl's decoupled mode with token TIS 2.0,
+                # "areal_decoupled": AReaL's decoupled PPO with its weight cap 5.0).
                 tis_cap=ml_collections.FieldReference(None, field_type=float), is_level="token",
                 behav_imp_weight_cap=ml_collections.FieldReference(None, field_type=float),
                 rejection=ml_collections.FieldReference(None, field_type=str),

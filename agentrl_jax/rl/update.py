@@ -250,7 +250,7 @@ def make_update_fn(
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
       # Position 0 has no prediction (nothing precedes it), so it is never trained.
       batch = dict(batch, loss_mask=(batch["loss_mask"] != 0).at[:, 0].set(False))
-      offpolicy_metrics = {}
+      offpolicy_metrics, nan_free = {}, jnp.array(True)
       if "sampler_logp" in batch:
         # Behaviour weights and rejection depend on the batch only (old vs sampler log-probs), not on the params:
         # computed once on the whole mini-batch, so sequence-level rules see whole sequences, the normalisers
@@ -260,7 +260,8 @@ def make_update_fn(
                                  segment_ids=batch.get("segment_ids"))
         offpolicy_metrics = corr.metrics
         if loss_cfg.needs_proximal_logp:
-          batch["loss_mask"] = corr.mask
+          # A NaN behaviour log-prob skips the step even where the loss never reads it (rejection only).
+          batch["loss_mask"], nan_free = corr.mask, corr.nan_free
         if corr.weight is not None:
           batch["is_weight"] = corr.weight
       norm = losses.agg_normaliser(batch["loss_mask"], loss_cfg.loss_scale_factor)
@@ -269,7 +270,7 @@ def make_update_fn(
       grads, metrics = grads_and_metrics(trainable, frozen, batch, norm, b // micro_batch_size, key)
 
       grad_norm = optax.global_norm(grads)
-      ok = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
+      ok = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"]) & nan_free
       scale = jnp.ones((), jnp.float32)
       if opt_cfg.grad_clip is not None:
         scale = jnp.where(grad_norm > opt_cfg.grad_clip, opt_cfg.grad_clip / grad_norm, 1.0)

@@ -141,6 +141,27 @@ def test_nan_on_a_trained_token_is_not_rejected():
   assert mask.all() and np.isnan(w[0, 1])  # the loss becomes NaN and the update skips the step
 
 
+@pytest.mark.parametrize("name", ["decoupled_k3_rs", "decoupled_geo_rs", "decoupled_token_is", "areal_decoupled"])
+def test_a_nan_behaviour_logprob_makes_the_loss_nan_in_every_correction(name):
+  """Rejection-only presets never read the weight: `nan_free` (not a NaN weight) must carry the NaN to the loss,
+  or the step would train, silently, on the sampler's garbage."""
+  cfg = L.LossConfig(**O.preset(name))
+  prox = jnp.full((2, 4), -0.7)
+  behav = prox.at[1, 2].set(jnp.nan)
+  mask = jnp.ones((2, 4))
+  corr = O.correct(cfg.correction, logp_prox=prox, logp_behav=behav, mask=mask)
+  assert not bool(corr.nan_free)
+  assert bool(O.correct(cfg.correction, logp_prox=prox, logp_behav=prox, mask=mask).nan_free)
+  untrained = O.correct(cfg.correction, logp_prox=prox, logp_behav=behav, mask=mask.at[1, 2].set(0))
+  assert bool(untrained.nan_free)  # garbage off the trained tokens is not a NaN of the batch
+  loss, _ = L.grpo_objective(cfg, logp=prox, logp_old=prox, advantages=jnp.ones((2, 4)), mask=mask,
+                             logp_sampler=behav)
+  assert np.isnan(float(loss))
+  loss, _ = L.grpo_objective(cfg, logp=prox, logp_old=prox, advantages=jnp.ones((2, 4)), mask=mask,
+                             logp_sampler=prox)
+  assert np.isfinite(float(loss))
+
+
 def test_garbage_at_untrained_positions_does_not_leak():
   prox = jnp.array([[-1.0, jnp.nan, -jnp.inf, -1.0]])
   behav = jnp.array([[-1.0, jnp.inf, jnp.nan, -1.1]])
@@ -422,6 +443,25 @@ def test_config_validation_names_field(field, value):
     kw["rejection"] = "seq_mean_k1"
   with pytest.raises(ValueError, match=f"LossConfig.{field}"):
     L.LossConfig(**kw)
+
+
+def test_a_k3_threshold_with_an_underscore_is_an_error_not_a_number():
+  # float("1_2") is 12: a k1-style spec shared with a k3 option must not become a k3 bound of 0.52 (verl raises).
+  with pytest.raises(ValueError, match="'0.5_2' for 'seq_mean_k3'"):
+    O.parse_rejection("seq_mean_k1,seq_mean_k3", "0.5_2")
+  with pytest.raises(ValueError, match="'1_2' for 'token_k2'"):
+    O.parse_rejection("token_k2", "1_2")
+  assert O.parse_rejection("seq_mean_k1", "0.5_2")[0].upper == pytest.approx(math.log(2.0))
+
+
+def test_every_preset_applies_to_the_run_config():
+  """`config.rl.loss.update(preset(name))`, as offpolicy.preset documents, for every preset: the config's typed
+  fields take its values, and the trainer's LossConfig from them equals the preset's."""
+  from agentrl_jax.rl import recipe
+  for name in O.PRESETS:
+    config = recipe.rl_config()
+    config.rl.loss.update(O.preset(name))
+    assert L.LossConfig(**config.rl.loss).correction == L.LossConfig(**O.preset(name)).correction, name
 
 
 def test_config_validation_threshold_without_rejection():

@@ -125,6 +125,22 @@ def test_rejection_only_update_matches_the_objective():
   assert m["rejected_token_frac"] == pytest.approx(float(want["rejected_token_frac"]))
 
 
+def test_a_nan_sampler_logprob_skips_a_rejection_only_step():
+  """verl's K3 rejection preset never multiplies the loss by a weight, so a NaN sampler log-prob cannot make the
+  loss NaN: the correction's NaN check must skip the step (params unchanged), as for a weighted correction."""
+  loss_cfg = losses.LossConfig(**offpolicy.preset("decoupled_k3_rs"))
+  batch = _batch(packed=False, seed=1)
+  batch["sampler_logp"] = batch["sampler_logp"].copy()
+  batch["sampler_logp"][2, 10] = np.nan  # a trained token
+  state, m = _step(loss_cfg, 1, batch)
+  assert m["skipped"] == 1.0
+  assert _max_diff(state.params, _init()[2].params) == 0.0
+  batch["loss_mask"] = batch["loss_mask"].copy()
+  batch["loss_mask"][2, 10] = 0  # the same NaN off the trained tokens: the step trains
+  _, m = _step(loss_cfg, 1, batch)
+  assert m["skipped"] == 0.0
+
+
 def test_defaults_are_bitwise_unchanged_by_the_sampler_logprobs():
   """Recipe defaults: "sampler_logp" in the batch adds the off-policy metrics and changes nothing else, bit for
   bit; an on-policy batch (sampler = trainer) under a full correction also gives the default step bit for bit."""
