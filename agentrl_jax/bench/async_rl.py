@@ -1,7 +1,7 @@
 """Asynchronous vs synchronous RL against a remote tool service: trained tokens per second; prints ONE JSON line.
 
     python -m agentrl_jax.bench.async_rl                                   # bench_5m, 8 steps of 8 x 4 episodes
-    python -m agentrl_jax.bench.async_rl --size tiny_qwen3 --steps 3 --warmup 1 --prompts 4 --n 2   # smoke
+    python -m agentrl_jax.bench.async_rl --size tiny_qwen3 --steps 3 --prompts 4 --n 2 --rounds 3  # small
 
 A SandboxFusion service over the network answers each tool call after a wall-clock latency that costs this
 host no CPU: lognormal, median 200 ms, p99 2 s (sigma = ln 10 / 2.326), drawn from the call's code so both loops
@@ -9,11 +9,25 @@ see the same latency for the same call. Every step: P prompts x n samples, each 
 `--tool-turns` scripted tool calls and a final answer (bench/rollout.py's workload: every token still runs the
 model's forward and draw), then one real GRPO update (forward, backward, AdamW) on the step's episodes.
 
-  sync    the trainer's synchronous loop: roll the step's batch out to completion (`run_rollout`), then update.
-  async   the rollout stream of `rl/stream.py` at max_staleness 1 (colocated): slots refill from the next batch
-          while the current one finishes, the update is dispatched without waiting, and the sampler takes the
-          new weights at its next decode segment (partial rollouts), or `--weight-sync-segments` k segments later
-          (decoding those on the stream's copy of the old weights, beside the update).
+  sync    the trainer's synchronous loop: roll the step's batch out to completion (`run_rollout`), then update,
+          with one step's episodes as its row slots (`--sync-rows`, default prompts x n: the trainer's
+          rollout.batch_size; more would decode idle rows).
+  async   the rollout stream of `rl/stream.py` at max_staleness 1 (colocated) over `--rows` slots (default two
+          steps' episodes, so the next batch can fill what the current one frees): slots refill from the next
+          batch while the current one finishes, the update is dispatched without waiting, and the sampler takes
+          the new weights at its next decode segment (partial rollouts), or `--weight-sync-segments` k segments
+          later (decoding those on the stream's copy of the old weights, beside the update).
+
+The clock holds the same work in both: the timed steps' rollouts and updates. The stream's last warm-up step and
+its last timed step are drained (`next_batch(drain=True)`: no later batch starts), so no timed batch decodes before
+the clock starts and no untimed one decodes on it; the first timed batch starts from empty slots, as the
+synchronous loop's does (a few timed steps understate the pipelined steady state, never overstate it). Programs
+compile in the warm-up, not on the clock (`*_traces` says what still did); what compiling costs each loop is in the
+main job's table (README, Asynchronous RL).
+
+`--rounds` R runs the four (mode, schedule) runs R times, in the reverse order every other round, and takes each
+ratio per round: speedup is the median of the rounds' ratios (speedup_rounds: all of them), with each mode on the
+schedule of its higher median tokens/s; per-run fields are medians over the rounds.
 
 Each mode runs with the agent loop's two tool schedules (pause: the batch waits for all of a turn's calls;
 overlap: rows decode while others wait) and keeps its faster one. Fields: *_tok_s = trained tokens (loss-mask
@@ -121,6 +135,7 @@ def _records(p: int, step: int) -> list[PromptRecord]:
 
 def run(args) -> dict:
   cfg_m = getattr(ModelConfig, args.size)()
+  sync_rows = args.sync_rows or args.prompts * args.n
   tok = tokenizer_lib.tiny_tokenizer()
   steps_total = args.warmup + args.steps
   groups = args.prompts * (steps_total + 2)  # the stream admits up to max_staleness batches ahead
@@ -165,9 +180,10 @@ def run(args) -> dict:
   def one_mode(mode: str, overlap: bool) -> dict:
     latencies: list[float] = []
     executor = remote_executor(args.tool_median_s, latencies)
-    rcfg = cfg.replace(overlap_tools=overlap)
+    rows = args.rows if mode == "async" else sync_rows
+    rcfg = cfg.replace(overlap_tools=overlap, batch_size=rows)
     sampling = agent_loop.sampling_config(tok, rcfg, temperature=1.0)
-    sampler = make_sampler(graphdef, cfg_m, sampling, batch=args.rows, n_forced=longest)
+    sampler = make_sampler(graphdef, cfg_m, sampling, batch=rows, n_forced=longest)
     _, state = fresh_state()
     script_fn = lambda ep: scripts[ep]  # noqa: E731  # episode group * n + sample of the global prompt list
     key = jax.random.key(1)
@@ -200,7 +216,9 @@ def run(args) -> dict:
           calls0, rows0 = stream.loop.stats.decode_calls, stream.loop.stats.active_rows
           waiting = stream.batches.get(stream.consumed)  # complete already: it finished beside the one before
           ready += step >= args.warmup and waiting is not None and waiting.complete
-          b = stream.next_batch(state.params, version=step)
+          # Drained: the last warm-up step (no timed batch starts before the clock) and the last timed one (no
+          # untimed batch decodes on it).
+          b = stream.next_batch(state.params, version=step, drain=step in (args.warmup - 1, steps_total - 1))
           eps = [e for p in sorted(b.groups) for e in b.groups[p][0]]
           st = stream.take_stats()
           if step >= args.warmup:
@@ -233,26 +251,38 @@ def run(args) -> dict:
                  partial_frac=float(np.mean(partial)), batches_ready=ready)
     return out
 
-  res = {}
-  for overlap in (False, True):
-    for mode in ("sync", "async"):
-      common.log(f"{mode} {'overlap' if overlap else 'pause'}")
-      res[(mode, overlap)] = one_mode(mode, overlap)
+  arms = [(mode, overlap) for overlap in (False, True) for mode in ("sync", "async")]
+  rounds = []
+  for r in range(args.rounds):
+    done = {}
+    for mode, overlap in (arms if r % 2 == 0 else arms[::-1]):  # neither mode always runs first
+      common.log(f"round {r + 1}/{args.rounds}: {mode} {'overlap' if overlap else 'pause'}")
+      done[(mode, overlap)] = one_mode(mode, overlap)
+    rounds.append(done)
+  # Per run, the median over the rounds of each field (the largest staleness and compile count of any round); each
+  # mode on its schedule of higher median tokens/s.
+  agg = lambda k, xs: float(max(xs)) if k in ("staleness_max", "traces") else float(np.median(xs))  # noqa: E731
+  res = {arm: {k: agg(k, [rd[arm][k] for rd in rounds]) for k in rounds[0][arm]} for arm in arms}
   best = {m: max((res[(m, o)]["tok_s"], o) for o in (False, True)) for m in ("sync", "async")}
+
+  def ratio(async_overlap: bool, sync_overlap: bool) -> list[float]:
+    return [rd[("async", async_overlap)]["tok_s"] / rd[("sync", sync_overlap)]["tok_s"] for rd in rounds]
+
+  speedups = ratio(best["async"][1], best["sync"][1])
   per_step = args.prompts * args.n
   chain_s = sum(slowest_tool_chain(tok, scripts[s * per_step:(s + 1) * per_step], args.tool_median_s)
                 for s in range(args.warmup, steps_total))
   a, s = res[("async", best["async"][1])], res[("sync", best["sync"][1])]
   out = {
       "bench": "async_rl", "size": args.size, "prompts": args.prompts, "n": args.n, "rows": args.rows,
-      "tool_turns": args.tool_turns, "steps": args.steps, "tool_median_s": args.tool_median_s,
-      "weight_sync_segments": args.weight_sync_segments,
+      "sync_rows": sync_rows, "tool_turns": args.tool_turns, "steps": args.steps, "warmup": args.warmup,
+      "rounds": args.rounds, "tool_median_s": args.tool_median_s, "weight_sync_segments": args.weight_sync_segments,
       "sync_tok_s": best["sync"][0], "async_tok_s": best["async"][0],
       "sync_schedule": "overlap" if best["sync"][1] else "pause",
       "async_schedule": "overlap" if best["async"][1] else "pause",
-      "speedup": best["async"][0] / best["sync"][0],
-      "speedup_same_schedule_pause": res[("async", False)]["tok_s"] / res[("sync", False)]["tok_s"],
-      "speedup_same_schedule_overlap": res[("async", True)]["tok_s"] / res[("sync", True)]["tok_s"],
+      "speedup": float(np.median(speedups)), "speedup_rounds": speedups,
+      "speedup_same_schedule_pause": float(np.median(ratio(False, False))),
+      "speedup_same_schedule_overlap": float(np.median(ratio(True, True))),
       "async_staleness_max": a["staleness_max"], "async_staleness_mean": a["staleness_mean"],
       "async_partial_frac": a["partial_frac"], "async_batches_ready": a["batches_ready"],
       # The timed steps' slowest episodes' own tool waits: the synchronous loop waits at least that long.
@@ -262,8 +292,8 @@ def run(args) -> dict:
       "sync_cpu_busy_frac": s["cpu_busy_frac"],
       "async_cpu_busy_frac": a["cpu_busy_frac"],
       "speedup_at_full_cores": 1.0 / s["cpu_busy_frac"],
-      "trained_tokens_equal": all(res[("sync", o)]["trained_tokens"] == res[("async", o)]["trained_tokens"]
-                                  for o in (False, True)),
+      # every run of every round trained the same tokens
+      "trained_tokens_equal": len({rd[arm]["trained_tokens"] for rd in rounds for arm in arms}) == 1,
       "tool_latency_p50_s": res[("sync", False)]["latency_p50_s"],
       "tool_latency_p99_s": res[("sync", False)]["latency_p99_s"],
       **{f"{m}_{'overlap' if o else 'pause'}_{k}": r[k] for (m, o), r in res.items()
@@ -282,11 +312,22 @@ def main(argv=None):
   p.add_argument("--rows", type=int, default=64)
   p.add_argument("--tool-turns", type=int, default=3)
   p.add_argument("--steps", type=int, default=8)
-  p.add_argument("--warmup", type=int, default=2)
+  p.add_argument("--warmup", type=int, default=3,
+                 help=">= 3: the first starts from empty slots, the second refills them from the next batch (the "
+                      "pipelined steps' programs), the last is drained")
+  p.add_argument("--rounds", type=int, default=1, help="runs of each (mode, schedule), alternating their order")
+  p.add_argument("--sync-rows", type=int, default=None,
+                 help="the synchronous loop's row slots (default prompts x n, one step's episodes)")
   p.add_argument("--tool-median-s", type=float, default=0.2)
   p.add_argument("--weight-sync-segments", type=int, default=0,
                  help="async: decode segments on the old weights (the stream's copy) while the update computes")
   args = p.parse_args(argv)
+  if args.warmup < 3 or args.steps < 1 or args.rounds < 1:
+    p.error("--warmup must be >= 3 (the stream's first warm-up step starts from empty slots, the last is drained: "
+            "a step between them compiles what the pipelined steps run, e.g. one-group prefills), --steps and "
+            "--rounds >= 1")
+  if args.rows < args.prompts * args.n or (args.sync_rows or args.prompts * args.n) < args.n:
+    p.error("--rows must hold one step's episodes (prompts x n), --sync-rows at least one group (n)")
   common.start_backend("async_rl")
   print(json.dumps(run(args)), flush=True)
 
