@@ -18,14 +18,18 @@ several, never fewer). Every drawn token carries the version that drew it (`Epis
 staleness at training is `step - version_first` of its episodes. Admission control (AReaL's rule, in batches)
 starts the groups of batch j only once `(steps done) + (j - first unconsumed batch) - (sampler version) <=
 max_staleness`: a batch is never trained more than `max_staleness` versions after its first token was drawn.
-A group that arrives older than that anyway (a config whose rounds consume batches more slowly) is dropped at
-consumption and counted (`stale_dropped`).
+As every step consumes at least one batch, no group can arrive older than that; `next_batch` still checks each
+group at consumption and drops (and counts, `stale_dropped`) one that does, a guard against a change that
+breaks the bound (`tests/rl/test_stream_colocated.py` forces one).
 
 Determinism. What the stream does depends on counts only (which rows stopped, which batch is complete, the
 version), never on clocks: with the same seed and config an asynchronous run is bit for bit the same, as the
-synchronous loop is. Weights reach the sampler at the first decode segment after `weight_sync_segments`
-segments since the update was dispatched (0: the next segment, the colocated default, which waits for the
-update's results; more: the segments before decode on the old weights, beside the update).
+synchronous loop is (with `rollout.overlap_tools`, when a row resumes after its tool call follows the tools'
+timing, as in the synchronous loop). Weights reach the sampler at the first decode segment after
+`weight_sync_segments` segments since the update was dispatched (0: the next segment, the colocated default,
+which waits for the update's results; more: the segments before decode on the old weights, beside the update).
+Updates dispatched before any of their segments ran are superseded by the newest: the sampler keeps at most
+one pending copy of the weights a segment count, and takes only the newest of those that fall due together.
 
 Checkpoints (`state_dict` / `load_state_dict`): a checkpoint at step s aborts the groups in flight (their
 partial episodes are dropped; they restart from their prompts) and keeps finished groups and the prompt records
@@ -40,20 +44,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from agentrl_jax.data.records import PromptRecord
 from agentrl_jax.rollout.agent_loop import AgentLoop
 from agentrl_jax.rollout.episode import Episode
-
-log = logging.getLogger(__name__)
 
 PLACEMENTS = ("colocated", "disaggregated")
 PARTIAL_MODES = ("continue", "recompute")
@@ -144,9 +145,9 @@ class StreamStats:
   weight_syncs: int = 0
   transfer_s: float = 0.0    # dispatching weight transfers (disaggregated) or reshards to the sampler's layout
   weight_wait_s: float = 0.0  # disaggregated: the sampler blocked until new weights had arrived
-  update_device_s: float = 0.0  # an update dispatched before next_batch ran until its results were ready (polled
-  #                               between scheduling rounds: exact to a decode segment)
-  update_blocked_s: float = 0.0  # colocated: of that, the time next_batch ran, the device busy with the update
+  update_device_s: float = 0.0  # an update from its dispatch until its results were ready (a thread waits on them)
+  update_blocked_s: float = 0.0  # colocated: of that, the time next_batch ran, the device busy with the update (a
+  #                                tool wait in that time counts in tool_wait_s too)
   buffered_groups: int = 0   # finished groups waiting for training, when the stats were taken
   in_flight: int = 0         # groups in the loop (running or queued), when the stats were taken
   stale_dropped: int = 0     # groups older than max_staleness at consumption
@@ -198,7 +199,7 @@ class RolloutStream:
     self._gen_mark = 0
     self._sampler_params = None
     self._pending: collections.deque = collections.deque()  # (version, params, segments left before it applies)
-    self._watch = None  # (leaves of an update's outputs, dispatch time): polled for the idle metrics
+    self._watch = None  # (dispatch time, [time its results were ready]): the watched update, for the idle metrics
     self.loop = self._new_loop()
 
   # ------------------------------------------------------------------------------------------------ weights
@@ -216,26 +217,42 @@ class RolloutStream:
     if self._sampler_params is None:
       self._sampler_params, self._sampler_version = placed, version
       return
+    # A pending copy no decode segment has counted down since (as many segments left) would fall due with this
+    # one and be replaced at once: drop it now rather than hold its weights (or its transfer) until then.
+    while self._pending and self._pending[-1][2] >= self.cfg.weight_sync_segments:
+      self._pending.pop()
     self._pending.append([version, placed, self.cfg.weight_sync_segments])
 
   def watch_update(self, outputs) -> None:
-    """Times the update whose `outputs` were just dispatched (metrics only: nothing waits for it here)."""
+    """Times the update whose `outputs` were just dispatched (metrics only: a thread waits for them, nothing
+    else does)."""
     self.poll_update()
-    self._watch = (jax.tree.leaves(outputs), time.perf_counter())
+    t0, ready = time.perf_counter(), []
 
-  def poll_update(self, entered: float | None = None) -> None:
-    """Records the watched update's time if its results are ready (`entered`: when next_batch began)."""
-    entered = time.perf_counter() if entered is None else entered
-    if self._watch is not None and all(x.is_ready() for x in self._watch[0]):
-      now, t0 = time.perf_counter(), self._watch[1]
-      self.stats.update_device_s += now - t0
-      if self.cfg.placement == "colocated":
-        self.stats.update_blocked_s += max(0.0, now - max(t0, entered))
-      self._watch = None
+    def wait(leaves=jax.tree.leaves(outputs)):
+      jax.block_until_ready(leaves)
+      ready.append(time.perf_counter())
+
+    threading.Thread(target=wait, name="rollout-stream-update-watch", daemon=True).start()
+    self._watch = (t0, ready)
+
+  def poll_update(self, entered: float | None = None, into: StreamStats | None = None) -> None:
+    """Records the watched update's time in `into` (default the stream's stats) if its results are ready
+    (`entered`: when next_batch began; the device time after it blocked the rollout, colocated)."""
+    if self._watch is None or not self._watch[1]:
+      return
+    (t0, (done,)), into = self._watch, into or self.stats
+    entered = done if entered is None else entered
+    into.update_device_s += done - t0
+    if self.cfg.placement == "colocated":
+      into.update_blocked_s += max(0.0, done - max(t0, entered))
+    self._watch = None
 
   def _apply_weights(self, force: bool = False, count: bool = True) -> None:
     while self._pending and (force or self._pending[0][2] <= 0):
       version, params, _ = self._pending.popleft()
+      if self._pending and (force or self._pending[0][2] <= 0):
+        continue  # a newer copy falls due now too: take only that one
       if self.cfg.placement == "disaggregated":  # the sampler waits for the transfer (colocated: for nothing)
         t0 = time.perf_counter()
         jax.block_until_ready(params)

@@ -16,7 +16,8 @@ no checkpoint, and `rl.max_consecutive_nonfinite_steps` of them in a row stop th
 finite parameters) kept.
 
 The sampler reads the trainer's params directly (on `sampler_mesh`, its own layout over the same devices, when
-set: a device-to-device reshard per rollout); there is no weight sync. Several processes (one per host): the
+set: a device-to-device reshard per rollout); the synchronous loop has no weight sync (the asynchronous one,
+`rl.max_staleness` > 0, hands the stream each update's params: agentrl_jax/rl/stream.py). Several processes (one per host): the
 rollout is one SPMD program whose rows live on their hosts' devices, each host runs its own rows' tool calls
 and scores a share of the episodes, and the results are gathered so that every host makes the same decisions
 (which groups are kept, the update batch); process 0 writes metrics and samples (agentrl_jax/multihost.py).
@@ -244,8 +245,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     times["update"] += time.perf_counter() - t0
     if d["finish_now"]:  # the loop waits for this update before its next step: the step ends with the results
       d["t_done"], d["cpu_done"] = time.perf_counter(), metrics_writer.cpu_seconds()
-    if stream is not None:
-      stream.poll_update()
+    if stream is not None:  # a step that waited for its own update counts its device time (else the next one does)
+      stream.poll_update(into=d["stream_stats"] if d["finish_now"] else None)
     skipped = int(sum(float(u["skipped"]) for u in updates))
     nonfinite_run = nonfinite_run + 1 if skipped else 0
     if skipped:
@@ -285,7 +286,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         "time/cpu_busy_frac": cpu_busy,
         "async/staleness_mean": float(staleness.mean()), "async/staleness_max": float(staleness.max()),
         "async/partial_frac": _mean([e.version_last > e.version_first for e in episodes]),
-        **{f"count/{k}": float(v) for k, v in counters.items()},
+        # As the step was dispatched (a deferred step is logged after the next step's rollouts have counted),
+        # with what finishing it changed.
+        **{f"count/{k}": float(v) for k, v in dict(d["counters"], nonfinite_steps=counters["nonfinite_steps"],
+                                                   aborted_groups=counters["aborted_groups"]).items()},
         **compile_stats.metrics_since(compiled0),
     }
     if calls:
@@ -464,7 +468,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                   times=times, t_step=t_step, t_done=time.perf_counter(), cpu_step=cpu_step,
                   cpu_done=metrics_writer.cpu_seconds(), tally=tally, rounds=rounds,
                   informative_total=informative_total, groups_seen=groups_seen, staleness=staleness,
-                  stream_stats=st if stream is not None else None)
+                  stream_stats=st if stream is not None else None, counters=dict(counters))
       # Asynchronous runs finish a step (fetch its update's metrics, log) after the next step's rollouts, so the
       # host goes back to the stream at once and the update runs while it decodes; a step that evaluates,
       # checkpoints or ends the run finishes now (a checkpoint needs the update's results anyway).

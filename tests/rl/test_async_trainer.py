@@ -44,3 +44,36 @@ def test_async_run_is_stale_partial_and_resumes_bit_identical(tmp_path):
   for a, b in zip(leaves_a, leaves_b):
     assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
   assert rows == _metrics(killed)
+
+
+def test_async_step_metrics_count_each_steps_own_work(tmp_path, monkeypatch):
+  """A deferred step is logged after the next step's rollouts: its counts are those of its own dispatch. A step
+  that waits for its own update (a checkpoint step) counts that update's device time, not the next step."""
+  import numpy as np
+
+  from agentrl_jax.rl import batch as batch_lib
+  from agentrl_jax.rl import trainer
+
+  informative = batch_lib.informative_groups
+
+  def first_group_uninformative(score, n, valid=None):  # dynamic sampling drops one group every round
+    keep = np.ones_like(np.asarray(informative(score, n, valid=valid)))
+    keep[0] = False
+    return keep
+
+  monkeypatch.setattr(batch_lib, "informative_groups", first_group_uninformative)
+  cfg = testing.load_config("rl_toy", "digits", **{
+      "rl.total_steps": 4, "checkpoint.every_steps": 2, "rl.max_staleness": 1, "rollout.batch_size": 64,
+      "rollout.segment_len": 4, "rl.dynamic_sampling": True})
+  trainer.run(cfg, str(tmp_path))
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  assert [r["step"] for r in rows] == [1, 2, 3, 4]
+  dropped = np.diff([0] + [r["count/dropped_groups"] for r in rows])
+  prompts = np.diff([0] + [r["count/prompts"] for r in rows])
+  assert dropped.tolist() == [r["groups/rounds"] for r in rows]  # one group a round, counted in its own step
+  assert prompts.tolist() == [4] * 4
+  # Steps 2 and 4 checkpoint, so they wait for their own updates: their windows hold those updates (and the
+  # previous step's, which ran during their rollouts); step 3's window runs none (step 2 waited for its own).
+  dev = [r["time/update_device_s"] for r in rows]
+  assert dev[1] > 0 and dev[3] > 0 and dev[2] == 0.0, dev
+  assert rows[1]["time/trainer_idle_frac"] < 1.0 and rows[3]["time/trainer_idle_frac"] < 1.0

@@ -76,3 +76,54 @@ def test_delayed_weights_decode_on_the_streams_copy_while_the_update_overwrites_
     assert run[0] == [[0] * 3] * 2 and all(ep == sorted(ep) and ep[-1] == 1 for ep in run[1])
   count = lambda run, v: [ep.count(v) for ep in run[1]]  # noqa: E731
   assert [a + 2 * SEG for a in count(at_once, 0)] == count(delayed, 0) and min(count(delayed, 1)) > 0
+
+
+def _stream(cfg, scripts, n=1):
+  tok = testing.tiny_tokenizer()
+  graphdef, p0 = nnx.split(testing.tiny_model(seed=11))
+  end, tool_end = stop_token_ids(tok)
+  sampler = make_sampler(graphdef, testing.tiny_model().cfg, SamplingConfig(
+      end_token_ids=end, tool_end_token_ids=tool_end, segment_len=SEG), batch=B, n_forced=40)
+  prompt = tok.encode(tokenizer_lib.render_chat(tok, [{"role": "user", "content": "Count."}],
+                                                add_generation_prompt=True), add_special_tokens=False)
+  words = {"short": "one<|im_end|>", "long": "one two three four five six seven eight nine ten<|im_end|>"}
+  ex = stub_executor(lambda code: ExecResult("ok"))
+  stream = stream_lib.RolloutStream(
+      _Engine(sampler, tok, ex, prompt), _batches(), cfg, n=n, prompts_per_step=1, key=jax.random.key(0),
+      score=lambda eps, rec: None,
+      scripts=lambda ep: [tok.encode(words[scripts(ep)], add_special_tokens=False)])
+  return stream, p0, ex
+
+
+def test_updates_that_no_segment_counted_down_are_superseded_not_stacked():
+  # Four slots, one episode a batch: batches 1 and 2 finish beside the long batch 3 and are handed over at once,
+  # so updates 1 and 2 are dispatched with no decode segment between them. Each would hold a copy of the weights
+  # until it fell due, and then be replaced by the next at once: only the newest is kept, and applied.
+  stream, params, ex = _stream(stream_lib.AsyncConfig(max_staleness=3, weight_sync_segments=2),
+                               lambda ep: "long" if ep == 3 else "short")
+  try:
+    pending, syncs = [], []
+    for version in range(4):
+      b = stream.next_batch(params, version=version)
+      pending.append([p[0] for p in stream._pending])
+      syncs.append(stream.stats.weight_syncs)
+      params = jax.tree.map(lambda x: x + 0, params)  # the update's new arrays
+    assert pending == [[], [1], [2], []]  # one pending copy at a time (version 1's dropped for version 2's)
+    # Version 3 reached the sampler once batch 3 had nothing left to decode; 1 and 2 never drew a token.
+    assert syncs == [0, 0, 0, 1]
+    assert sorted({int(v) for eps, _ in b.groups.values() for e in eps for v in e.versions if v >= 0}) == [0, 3]
+  finally:
+    ex.close()
+
+
+def test_a_group_older_than_the_bound_at_consumption_is_dropped_and_counted():
+  # Every step consumes a batch, so admission keeps every group within the bound; a trainer that skipped
+  # versions (here 0 -> 3) would break it, and the stream's guard drops the stale group instead of training it.
+  stream, params, ex = _stream(stream_lib.AsyncConfig(max_staleness=1), lambda ep: "short", n=2)
+  try:
+    b0 = stream.next_batch(params, version=0)
+    assert len(b0.groups) == 1 and stream.stats.stale_dropped == 0
+    b1 = stream.next_batch(params, version=3)  # batch 1 was drawn at version 0 beside batch 0: 3 versions old
+    assert b1.index == 1 and b1.groups == {} and stream.stats.stale_dropped == 1
+  finally:
+    ex.close()
