@@ -31,6 +31,7 @@ from agentrl_jax.models import memory_plan
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rl import losses
+from agentrl_jax.rl import stream as stream_lib
 from agentrl_jax.rl import transfer as transfer_lib
 from agentrl_jax.rl import update as update_lib
 from agentrl_jax.rollout import engine as engine_lib
@@ -164,6 +165,7 @@ def _rl_update_seq(config: ml_collections.ConfigDict) -> list[int]:
 
 def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan:
   rl = config.rl
+  stream_lib.AsyncConfig.from_rl(rl)  # the run's checks of the asynchronous settings, as clear ValueErrors
   disaggregated = rl.get("async_placement") == "disaggregated"
   if disaggregated:  # the trainer and the sampler each on their own part of the slice (rl/transfer.py)
     devs = list(t.devices)
@@ -245,28 +247,63 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
     if not ev.sources:
       notes.append("eval/* programs: compiled by a run when config.eval.sources is set (the recipe's command "
                    "sets it)")
+  # Asynchronous runs keep the rollout stream alive across updates and evaluations: its KV cache (at its largest
+  # capacity, which it keeps once reached) and the sampler's weights stay in HBM on the sampler's devices while
+  # the trainer's programs and the evaluation run; with async_weight_sync_segments > 0 a second copy of the
+  # sampler's weights (the next version) waits beside the one decoding.
+  rollout = [p for p in programs if p.name.startswith("rollout/")]
+  streaming = bool(rl.get("max_staleness"))
+  delayed = streaming and int(rl.get("async_weight_sync_segments") or 0) > 0
+  stream_cache = int(max((p.scale_bytes for p in rollout if p.name == "rollout/init"), default=0)) if streaming else 0
+  copy = int(max((p.fixed_bytes for p in rollout), default=0))  # the sampler's weights, per device
+  eval_resident = 0
   if disaggregated:
     # The transfer moves what the sampler runs: the params, or with LoRA the merged copy.
     programs.append(_transfer_program(cfg, sparams, sharding_lib.state_shardings(sparams, run_mesh), run_smesh, t,
                                       notes))
-    # The sampler's devices hold only its copy of the parameters (an argument of each rollout program).
-    resident = 0
-    notes.append(f"disaggregated: the update and scoring programs on {mesh.size} devices "
-                 f"({dict(mesh.shape)}), the rollout and eval programs on the other {smesh.size} "
-                 f"({dict(smesh.shape)}); HBM per chip is per side")
+    # The sampler's devices: the weights decoding are each rollout program's argument; the next version beside
+    # them when delayed. An evaluation decodes a fresh transfer of the weights beside the stream's and its cache.
+    resident = copy * delayed
+    eval_resident = resident + copy + stream_cache
+    # The transfer runs on both sides: the trainer's AdamW moments (and reference) stay beside it on one, the
+    # stream's weights and KV cache on the other.
+    programs[-1].resident = max(moments + ref_bytes, copy * (1 + delayed) + stream_cache)
+    notes.append(f"disaggregated: the update and scoring programs for {mesh.size} devices "
+                 f"({dict(mesh.shape)}), the rollout and eval programs for the other {smesh.size} "
+                 f"({dict(smesh.shape)}), each compiled on the slice's first devices (the TPU compiler places a "
+                 "program on ids 0..n-1; the chips are alike); HBM per chip is per side")
   else:
     # The sampler reads the train state's params in place on the same mesh (not LoRA's merged copy: counted as
-    # the rollout programs' arguments).
-    resident = (device_bytes(state) - (device_bytes(state.params) if smesh is mesh and not lora.enabled else 0)
-                + ref_bytes)
+    # the rollout programs' arguments), unless delayed weights make it decode on copies of its own.
+    in_place = smesh is mesh and not lora.enabled and not delayed
+    resident = device_bytes(state) - (device_bytes(state.params) if in_place else 0) + ref_bytes + copy * delayed
+    # Colocated, the stream's cache and its own copies of the weights (LoRA's merged one; delayed: the one
+    # decoding and the next) stay beside the update, the scoring pass and the evaluation.
+    beside = stream_cache + copy * ((lora.enabled or delayed) + delayed) if streaming else 0
+    eval_resident = resident + beside
+    for p in programs:
+      if p.name in ("rl/update", "rl/logprobs"):
+        p.resident += beside
+  if streaming:
+    notes.append(f"asynchronous: the rollout stream's KV cache ({stream_cache / 2**30:.2f} GiB a sampler device)"
+                 + (" and the sampler's weights" if disaggregated or lora.enabled or delayed else "")
+                 + " stay in HBM beside " + ("the evaluation and the weight transfer" if disaggregated else
+                                             "the update, the scoring pass and the evaluation")
+                 + (f"; async_weight_sync_segments > 0 keeps the next weights beside those decoding "
+                    f"({copy / 2**30:.2f} GiB a sampler device)" if delayed else ""))
   for p in programs:
-    if p.name.startswith(("rollout/", "eval/")):
+    if p.name.startswith("rollout/"):
       p.resident = resident
+    elif p.name.startswith("eval/"):
+      p.resident = eval_resident if streaming else resident
   return Plan(programs, cfg, source, notes, resident)
 
 
-# Inter-chip interconnect bandwidth per chip (bytes/s, all links; Cloud TPU system architecture pages).
-ICI_BYTES_S = {"v4": 300e9, "v5e": 200e9, "v5p": 600e9, "v6e": 448e9}
+# Inter-chip interconnect bandwidth per chip, one way over all its links (bytes/s; half the bidirectional figure
+# of the Cloud TPU system architecture pages: v5e 400, v5p 1,200, v6e 800 GB/s), and its links (ICI ports: 2D
+# torus 4, 3D torus 6).
+ICI_BYTES_S = {"v4": 300e9, "v5e": 200e9, "v5p": 600e9, "v6e": 400e9}
+ICI_LINKS = {"v4": 6, "v5e": 4, "v5p": 6, "v6e": 4}
 
 
 def _transfer_program(cfg: ModelConfig, params, src_shardings, smesh, t: target_lib.Target, notes: list[str]
@@ -283,10 +320,14 @@ def _transfer_program(cfg: ModelConfig, params, src_shardings, smesh, t: target_
   # Each sampler chip receives its shard of every weight (replicated axes receive a copy each).
   per_chip = device_bytes(jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
                                        sharding_lib.state_shardings(params, smesh))) * t.devices_per_chip
-  est = per_chip / ICI_BYTES_S[t.generation]
+  # The weights cross the cut between the halves: where the split runs along a torus dimension of size 2 (no
+  # wraparound), each sampler chip has one link to the trainer's side, a sixth (3D) or a quarter (2D) of its ICI.
+  link = ICI_BYTES_S[t.generation] / ICI_LINKS[t.generation]
+  est = per_chip / link
   notes.append(f"weight transfer: {nbytes / 2**30:.2f} GiB of parameters, {per_chip / 2**30:.2f} GiB into each "
-               f"sampler chip: ~{est * 1e3:.0f} ms at {ICI_BYTES_S[t.generation] / 1e9:.0f} GB/s ICI per chip "
-               "(the est. s column is the HBM roofline of the copy)")
+               f"sampler chip: ~{est * 1e3:.0f} ms over one ICI link a chip across the cut ({link / 1e9:.0f} GB/s; "
+               f"~{per_chip / ICI_BYTES_S[t.generation] * 1e3:.0f} ms if every link of the chip carried it); the "
+               "est. s column is the HBM roofline of the copy")
   return Program("rl/weight_transfer", f"{nbytes / 2**30:.2f} GiB -> {smesh.size} devices",
                  _lowering(xfer._program, xfer.union, union_args),  # pylint: disable=protected-access
                  0.0, 2.0 * nbytes, xfer.union.size)

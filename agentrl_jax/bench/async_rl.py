@@ -1,7 +1,7 @@
 """Asynchronous vs synchronous RL against a remote tool service: trained tokens per second; prints ONE JSON line.
 
     python -m agentrl_jax.bench.async_rl                                   # bench_5m, 8 steps of 8 x 4 episodes
-    python -m agentrl_jax.bench.async_rl --size tiny_qwen3 --steps 3 --prompts 4 --n 2 --rounds 3  # small
+    python -m agentrl_jax.bench.async_rl --smoke       # tiny_qwen3, 3 steps of 4 x 2 episodes (bench/guard.py)
 
 A SandboxFusion service over the network answers each tool call after a wall-clock latency that costs this
 host no CPU: lognormal, median 200 ms, p99 2 s (sigma = ln 10 / 2.326), drawn from the call's code so both loops
@@ -22,8 +22,10 @@ The clock holds the same work in both: the timed steps' rollouts and updates. Th
 its last timed step are drained (`next_batch(drain=True)`: no later batch starts), so no timed batch decodes before
 the clock starts and no untimed one decodes on it; the first timed batch starts from empty slots, as the
 synchronous loop's does (a few timed steps understate the pipelined steady state, never overstate it). Programs
-compile in the warm-up, not on the clock (`*_traces` says what still did); what compiling costs each loop is in the
-main job's table (README, Asynchronous RL).
+compile in the warm-up, not on the clock (`*_traces` says what still did): the stream's warm-up also restarts
+drained on updated weights, and both loops' caches are allocated at the longest episode's length (no capacity
+ladder whose programs a timed step could meet first). What compiling costs each loop is in the main job's table
+(README, Asynchronous RL).
 
 `--rounds` R runs the four (mode, schedule) runs R times, in the reverse order every other round, and takes each
 ratio per round: speedup is the median of the rounds' ratios (speedup_rounds: all of them), with each mode on the
@@ -63,7 +65,7 @@ import jax
 import numpy as np
 
 from agentrl_jax import compile_stats, metrics_writer
-from agentrl_jax.bench import common
+from agentrl_jax.bench import common, guard
 from agentrl_jax.bench.rollout import make_workload, tool_output
 from agentrl_jax.data.records import PromptRecord
 from agentrl_jax.models import sharding
@@ -84,6 +86,8 @@ from agentrl_jax.rollout.stub_executor import stub_executor
 from agentrl_jax.sampling.config import SamplingConfig
 from agentrl_jax.sampling.sampler import make_sampler
 
+# `--smoke` (held to bench/guard.py's smoke bounds): 4 x 2 episodes a step, 3 timed steps, at tiny size.
+SMOKE = ("--size", "tiny_qwen3", "--prompts", "4", "--n", "2", "--rows", "16", "--steps", "3")
 PACK_LEN = 512 + 1024  # the longest episode: max prompt + max response
 MICRO = 2  # rows per micro-batch of the update
 SIGMA = math.log(10.0) / 2.326  # lognormal with median m has p99 = m * exp(2.326 sigma) = 10 m
@@ -144,7 +148,7 @@ def run(args) -> dict:
   # follows tool timing, so with a program per power-of-two count a timed step could compile one the warm-up did
   # not meet. Both loops mostly start all 8 groups of a step at once, so the padding costs them little.
   cfg = RolloutConfig(batch_size=args.rows, segment_len=32, max_prompt_len=512, max_response_len=1024,
-                      prompt_bucket_min=256, chunk_len=64, cache_bucket_min=1024, max_turns=args.tool_turns + 1,
+                      prompt_bucket_min=256, chunk_len=64, cache_bucket_min=PACK_LEN, max_turns=args.tool_turns + 1,
                       groups_per_prefill=8, pad_prefill_groups=True)
   end, tool_end = stop_token_ids(tok)
   model = Qwen(cfg_m, rngs=nnx.Rngs(0))
@@ -217,8 +221,11 @@ def run(args) -> dict:
           waiting = stream.batches.get(stream.consumed)  # complete already: it finished beside the one before
           ready += step >= args.warmup and waiting is not None and waiting.complete
           # Drained: the last warm-up step (no timed batch starts before the clock) and the last timed one (no
-          # untimed batch decodes on it).
-          b = stream.next_batch(state.params, version=step, drain=step in (args.warmup - 1, steps_total - 1))
+          # untimed batch decodes on it); and the fourth-last warm-up step, so that the warm-up meets what the
+          # timed steps run on updated weights (an update's outputs are laid out otherwise than the initial
+          # params: new programs): a start from empty slots, then refills one group at a time.
+          drain = step in (args.warmup - 4, args.warmup - 1, steps_total - 1)
+          b = stream.next_batch(state.params, version=step, drain=drain)
           eps = [e for p in sorted(b.groups) for e in b.groups[p][0]]
           st = stream.take_stats()
           if step >= args.warmup:
@@ -312,24 +319,25 @@ def main(argv=None):
   p.add_argument("--rows", type=int, default=64)
   p.add_argument("--tool-turns", type=int, default=3)
   p.add_argument("--steps", type=int, default=8)
-  p.add_argument("--warmup", type=int, default=3,
-                 help=">= 3: the first starts from empty slots, the second refills them from the next batch (the "
-                      "pipelined steps' programs), the last is drained")
+  p.add_argument("--warmup", type=int, default=4,
+                 help=">= 4: the stream's fourth-last and last warm-up steps are drained (see `drain` in run)")
   p.add_argument("--rounds", type=int, default=1, help="runs of each (mode, schedule), alternating their order")
   p.add_argument("--sync-rows", type=int, default=None,
                  help="the synchronous loop's row slots (default prompts x n, one step's episodes)")
   p.add_argument("--tool-median-s", type=float, default=0.2)
   p.add_argument("--weight-sync-segments", type=int, default=0,
                  help="async: decode segments on the old weights (the stream's copy) while the update computes")
-  args = p.parse_args(argv)
-  if args.warmup < 3 or args.steps < 1 or args.rounds < 1:
-    p.error("--warmup must be >= 3 (the stream's first warm-up step starts from empty slots, the last is drained: "
-            "a step between them compiles what the pipelined steps run, e.g. one-group prefills), --steps and "
-            "--rounds >= 1")
+  args, scale = guard.parse_args(p, argv, SMOKE)
+  if args.warmup < 4 or args.steps < 1 or args.rounds < 1:
+    p.error("--warmup must be >= 4 (a drained stream restarted on updated weights, its refills and the drained "
+            "last step: the programs the timed steps run), --steps and --rounds >= 1")
   if args.rows < args.prompts * args.n or (args.sync_rows or args.prompts * args.n) < args.n:
     p.error("--rows must hold one step's episodes (prompts x n), --sync-rows at least one group (n)")
   common.start_backend("async_rl")
-  print(json.dumps(run(args)), flush=True)
+  line = run(args)
+  failures = guard.judge("async_rl", line, scale, args.check)
+  print(json.dumps(line), flush=True)
+  guard.exit_on(failures)
 
 
 if __name__ == "__main__":

@@ -72,9 +72,11 @@ class AsyncConfig:
     partial: what in-flight episodes do when new weights arrive: "continue" on the cache the old weights wrote,
       or "recompute" it under the new weights first (AReaL's interruptible rollouts).
     weight_sync_segments: decode segments the sampler runs on its old weights after an update is dispatched
-      before the new ones reach it (count-based, so runs stay deterministic); 0 = the next segment. Colocated,
-      more than 0 lets those segments run while the update computes, on a copy of the weights the stream keeps
-      (one more copy of the sampler's weights in device memory): with 0 the next segment waits for the update.
+      before the new ones reach it (count-based, so runs stay deterministic); 0 = the next segment, which waits
+      for the update (and, disaggregated, its transfer). More than 0 lets those segments run while the update
+      computes: colocated on a copy of the weights the stream keeps (one more copy of the sampler's weights in
+      device memory), disaggregated on the sampler's own devices, where about (update seconds / decode segment
+      seconds) keeps the sampler busy through the update.
     sampler_devices: disaggregated: devices of the sampler (the last ones of the process's devices; the
       trainer keeps the rest).
   """
@@ -96,6 +98,10 @@ class AsyncConfig:
       raise ValueError(f"AsyncConfig.partial: must be one of {PARTIAL_MODES}, got {self.partial!r}")
     if self.placement == "disaggregated" and self.sampler_devices < 1:
       raise ValueError("AsyncConfig.sampler_devices: the disaggregated placement needs >= 1 sampler device")
+    if self.placement == "disaggregated" and not self.enabled:
+      raise ValueError("AsyncConfig.placement: the disaggregated placement is asynchronous RL's (the sampler "
+                       "decodes while the trainer updates): set max_staleness >= 1 (0, the synchronous loop, "
+                       "runs on one mesh)")
 
   @property
   def enabled(self) -> bool:

@@ -97,6 +97,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       raise ValueError(f"rl.pack_len needs rl.loss.loss_agg_mode='token-mean' (a packed row holds several "
                        f"sequences), got {loss_cfg.loss_agg_mode!r}")
   async_cfg = stream_lib.AsyncConfig.from_rl(rl)
+  if async_cfg.placement == "disaggregated" and not async_cfg.weight_sync_segments:
+    log.warning("rl: disaggregated with rl.async_weight_sync_segments=0: the sampler takes each update's weights "
+                "at its next decode segment, so it waits for every update and its transfer (nothing decodes beside "
+                "them); about (update seconds / decode segment seconds) decodes on the old weights meanwhile")
   if loss_cfg.needs_proximal_logp and rl.reuse_sampler_logp:
     raise ValueError("rl.loss sets an off-policy correction, which weighs the trainer's recomputed log-probs (the "
                      "proximal policy) against the sampler's (the behaviour policy); rl.reuse_sampler_logp=True "
@@ -261,7 +265,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     cpu_busy = metrics_writer.cpu_busy_frac(d["cpu_done"] - d["cpu_step"], step_s)
     st = d["stream_stats"]
     update_s = times["update"] if st is None else st.update_device_s
-    blocked_s = 0.0 if st is None else st.update_blocked_s
+    # Asynchronous: the stream's time that was no rollout work (behind the update on the same devices, scoring
+    # finished groups on the host, waiting for a transfer), besides its tool waits. A tool wait while the update
+    # blocked the devices counts in both, so the idle fraction can overstate by that overlap.
+    not_rollout_s = 0.0 if st is None else st.update_blocked_s + st.scoring_s + st.weight_wait_s
     staleness = d["staleness"]
     last = {
         "reward/mean": _mean(sc.reward[valid]), "reward/score_mean": _mean(sc.score[valid]),
@@ -280,7 +287,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         # on tools with nothing to decode, behind an update on the same devices, or the host busy with the
         # trainer's bookkeeping). Synchronous: the update is the wait for its results.
         "time/trainer_idle_frac": 1.0 - min(update_s, step_s) / step_s,
-        "time/rollout_idle_frac": 1.0 - max(times["rollout"] - times["tools"] - blocked_s, 0.0) / step_s,
+        "time/rollout_idle_frac": 1.0 - max(times["rollout"] - times["tools"] - not_rollout_s, 0.0) / step_s,
         # How full the host's cores were over the step (this process and its sandbox workers): a schedule that
         # overlaps more of the same work gains at most 1 / this.
         "time/cpu_busy_frac": cpu_busy,

@@ -12,14 +12,15 @@ trainer's and the sampler's devices is ordinary multi-controller SPMD instead: e
 the shards over the interconnect (ICI / DCN / gloo on CPU) as collectives, and the layouts may differ (FSDP on
 the trainer, tensor parallel on the sampler). The union mesh stacks the two meshes along a leading `side` axis,
 so the two grids must match: their axes of size > 1 must have the same sizes in the same order (fsdp=4 on the
-trainer, tensor=4 on the sampler: the trainer's axis names are renamed to the sampler's); each array enters as `[2 * d0, ...]` (trainer shards on side 0, placeholders
-on side 1, no copy), the program writes side 0's values to both halves in the sampler's layout, and the
-sampler's half is reassembled on its own mesh without a copy.
+trainer, tensor=4 on the sampler: the trainer's axis names are renamed to the sampler's), which also means both
+sides get the same number of devices. Each array enters as `[2 * d0, ...]` (the trainer's shards on side 0 as they
+are, zero placeholders of the same shard shape on side 1, made for the call and freed after it), the program
+writes side 0's values to both halves in the sampler's layout, and the sampler's half is reassembled on its own
+mesh without a copy. On one process, meshes of other shapes (an unequal split) are moved by `jax.device_put`.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import jax
@@ -37,10 +38,13 @@ def split_devices(sampler_devices: int, devices: list | None = None) -> tuple[li
   devices to the sampler (so a host's tools and its sampler rows stay together) and the rest to the trainer.
 
   Raises:
-    ValueError: the sampler share does not split evenly over the processes, or leaves the trainer nothing.
+    ValueError: the sampler share is not positive, does not split evenly over the processes, or leaves the
+      trainer nothing.
   """
   devices = list(devices if devices is not None else jax.devices())
   procs = sorted({d.process_index for d in devices})
+  if isinstance(sampler_devices, bool) or not isinstance(sampler_devices, int) or sampler_devices < 1:
+    raise ValueError(f"rl.async_sampler_devices={sampler_devices!r}: the disaggregated sampler needs >= 1 device")
   if sampler_devices % len(procs):
     raise ValueError(f"rl.async_sampler_devices={sampler_devices} must be a multiple of the {len(procs)} processes "
                      "(each host gives the sampler the same number of its devices)")
@@ -99,11 +103,7 @@ def _with_side(spec: P, ndim: int) -> P:
 
 
 class WeightTransfer:
-  """One compiled program moving a params tree from the trainer's layout to the sampler's (module docstring).
-
-  Attributes:
-    last_s: wall seconds of the latest call's dispatch (the program itself runs asynchronously).
-  """
+  """One compiled program moving a params tree from the trainer's layout to the sampler's (module docstring)."""
 
   def __init__(self, src_shardings: Any, dst_shardings: Any):
     self.src, self.dst = src_shardings, dst_shardings
@@ -126,8 +126,6 @@ class WeightTransfer:
                        f"axis sizes in the same order ({dict(mesh_a.shape)} vs {dict(mesh_b.shape)}), e.g. fsdp=N "
                        "on the trainer and tensor=N on the sampler: the transfer is one program over both meshes")
     self._program = None
-    self._placeholders: dict = {}
-    self.last_s = 0.0
 
   def _build(self, abstract):
     self._in = jax.tree.map(lambda x, s: NamedSharding(self.union, _with_side(_renamed(s.spec, self.rename), x.ndim)),
@@ -137,18 +135,23 @@ class WeightTransfer:
     self._program = jax.jit(lambda tree: jax.tree.map(lambda x: jnp.concatenate([x[:x.shape[0] // 2]] * 2), tree),
                             in_shardings=(self._in,), out_shardings=self._out)
 
-  def _union_array(self, x: jax.Array, s: NamedSharding) -> jax.Array:
+  def _union_array(self, x: jax.Array, s: NamedSharding, src: NamedSharding) -> jax.Array:
+    # The trainer's shards are placed in the union by device: a leaf laid out otherwise than the shardings this
+    # transfer was built for would arrive scrambled (or, from other devices, as zeros), so it is refused.
+    if not x.sharding.is_equivalent_to(src, x.ndim):
+      raise ValueError(f"WeightTransfer: a parameter of shape {x.shape} arrived laid out as {x.sharding}, not as "
+                       f"the trainer's {src} this transfer was built for")
     shape = (2 * x.shape[0], *x.shape[1:])
     mine = {sh.device: sh.data for sh in x.addressable_shards}
+    side_b = set(self.mesh_b.devices.flat)
     arrays = []
     for d in s.addressable_devices:
       if d in mine:
         arrays.append(mine[d])
-      else:  # a sampler device: its input half is never read; a zero buffer of the shard's shape, made once
-        key = (d, x.dtype, s.shard_shape(shape))
-        if key not in self._placeholders:
-          self._placeholders[key] = jax.device_put(np.zeros(s.shard_shape(shape), x.dtype), d)
-        arrays.append(self._placeholders[key])
+      else:  # a sampler device: its input half is never read; zeros of the shard's shape, made on the device for
+        #      this call (kept between calls they would hold a trainer shard's worth of the sampler's memory)
+        assert d in side_b, (d, "is neither the trainer's nor the sampler's")
+        arrays.append(jnp.zeros(s.shard_shape(shape), x.dtype, device=d))
     return jax.make_array_from_single_device_arrays(shape, s, arrays, dtype=x.dtype)
 
   def _sampler_half(self, y: jax.Array, dst: NamedSharding) -> jax.Array:
@@ -158,26 +161,11 @@ class WeightTransfer:
 
   def __call__(self, params: Any) -> Any:
     """The sampler's copy of `params` (laid out by the trainer's shardings), in the sampler's shardings."""
-    t0 = time.perf_counter()
     if self.union is None:  # one process, meshes of different shapes: the runtime moves the shards itself
-      out = jax.device_put(params, self.dst)
-    else:
-      if any(x.ndim == 0 for x in jax.tree.leaves(params)):
-        raise ValueError("WeightTransfer: scalar parameters are not supported")
-      if self._program is None:
-        self._build(params)
-      union = jax.tree.map(self._union_array, params, self._in)
-      out = jax.tree.map(self._sampler_half, self._program(union), self.dst)
-    self.last_s = time.perf_counter() - t0
-    return out
-
-  def compiled(self, abstract_params: Any):
-    """The transfer program compiled ahead of time for `abstract_params` (`agentrl_jax.aot`); None when the
-    meshes differ in shape (a single-process `device_put`, no program)."""
-    if self.union is None:
-      return None
+      return jax.device_put(params, self.dst)
+    if any(x.ndim == 0 for x in jax.tree.leaves(params)):
+      raise ValueError("WeightTransfer: scalar parameters are not supported")
     if self._program is None:
-      self._build(abstract_params)
-    union_abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct((2 * x.shape[0], *x.shape[1:]), x.dtype,
-                                                                    sharding=s), abstract_params, self._in)
-    return self._program.trace(union_abstract).lower().compile()
+      self._build(params)
+    union = jax.tree.map(self._union_array, params, self._in, self.src)
+    return jax.tree.map(self._sampler_half, self._program(union), self.dst)

@@ -122,13 +122,58 @@ def test_disaggregated_programs_compile_each_on_their_own_devices_with_the_trans
   by_name = {p.name: p for p in plan.programs}
   assert by_name["rl/update"].devices == 4 and by_name["rollout/decode"].devices == 4
   assert by_name["rl/weight_transfer"].devices == 8
-  assert any("weight transfer:" in n and "ms at 200 GB/s ICI" in n for n in plan.notes)
+  assert any("weight transfer:" in n and "ms over one ICI link a chip across the cut (50 GB/s" in n for n in plan.notes)
   report = aot.compile_all(config, "v5e:2x4", only=("rl/update", "rollout/decode", "rl/weight_transfer"))
   rows = {r["program"]: r for r in report["programs"]}
   assert set(rows) == {"rl/update", "rollout/decode", "rl/weight_transfer"}
   assert all(r["fits"] and r["compile_cpu_s"] > 0 for r in rows.values())
   # The transfer holds one copy of the parameters on each side: its bytes, not a training state's.
   assert 0 < rows["rl/weight_transfer"]["hbm_gib"] < rows["rl/update"]["hbm_gib"]
+
+
+def test_asynchronous_plans_count_the_streams_cache_and_weight_copies_beside_each_program():
+  """The rollout stream lives across updates: its KV cache (and any copy of the weights it holds) stays in HBM
+  while the update, the scoring pass and the evaluation run (colocated), or beside the evaluation and the weight
+  transfer on the sampler's devices (disaggregated); delayed weights keep the next copy beside the one decoding."""
+  t = target.target("v5e:2x4")
+
+  def plan(**kw):
+    by = {}
+    for p in programs.for_config(_tiny_rl(**kw), t).programs:
+      by.setdefault(p.name, p)
+    return by
+
+  sync = plan()
+  cache = next(p.scale_bytes for n, p in sync.items() if n == "rollout/init")
+  copy = sync["rollout/decode"].fixed_bytes
+  assert cache > 0 and copy > 0
+  colo = plan(**{"rl.max_staleness": 1})
+  assert colo["rl/update"].resident == sync["rl/update"].resident + cache
+  assert colo["rollout/decode"].resident == sync["rollout/decode"].resident  # the params read in place
+  assert colo["eval/decode"].resident == sync["eval/decode"].resident + cache
+  delayed = plan(**{"rl.max_staleness": 1, "rl.async_weight_sync_segments": 2})
+  assert delayed["rl/update"].resident == sync["rl/update"].resident + cache + 2 * copy  # decoding and next copies
+  state = sync["rollout/decode"].resident + copy  # the whole train state: the sampler no longer reads it in place
+  assert delayed["rollout/decode"].resident == state + copy
+  dis = dict(**{"rl.max_staleness": 1, "rl.async_placement": "disaggregated", "rl.async_sampler_devices": 4,
+                "sampler_mesh.tensor": -1})
+  split = plan(**dis)
+  cache4 = next(p.scale_bytes for n, p in split.items() if n == "rollout/init")  # over the sampler's 4 devices
+  copy4 = split["rollout/decode"].fixed_bytes
+  assert split["rollout/decode"].resident == 0 and split["rl/update"].resident == 0
+  assert split["eval/decode"].resident == copy4 + cache4  # a fresh transfer decodes beside the stream's
+  assert split["rl/weight_transfer"].resident >= copy4 + cache4
+  later = plan(**dis, **{"rl.async_weight_sync_segments": 2})
+  assert later["rollout/decode"].resident == copy4 and later["eval/decode"].resident == 2 * copy4 + cache4
+
+
+def test_an_invalid_asynchronous_setting_is_a_clear_error_not_a_traceback():
+  t = target.target("v5e:2x4")
+  for kw, msg in [({"rl.async_sampler_devices": 0}, "needs >= 1 sampler device"),
+                  ({"rl.max_staleness": 0, "rl.async_sampler_devices": 4}, "set max_staleness >= 1")]:
+    config = _tiny_rl(**{"rl.max_staleness": 1, "rl.async_placement": "disaggregated", **kw})
+    with pytest.raises(ValueError, match=msg):
+      programs.for_config(config, t)
 
 
 def test_an_asynchronous_plan_holds_the_streams_one_group_prefills():

@@ -1,8 +1,10 @@
-"""The rollout stream on one mesh (colocated) with delayed weights: the sampler decodes on its own copy of the old
-weights while the update, which overwrites the trainer's arrays in place, computes the new ones."""
+"""The rollout stream on one mesh (colocated): with delayed weights the sampler decodes on its own copy of the old
+weights while the update, which overwrites the trainer's arrays in place, computes the new ones; updates dispatched
+with no segment between them are superseded, not stacked; the staleness guard; the settings it refuses."""
 
 from flax import nnx
 import jax
+import pytest
 
 from agentrl_jax import testing
 from agentrl_jax.data.records import PromptRecord
@@ -127,3 +129,18 @@ def test_a_group_older_than_the_bound_at_consumption_is_dropped_and_counted():
     assert b1.index == 1 and b1.groups == {} and stream.stats.stale_dropped == 1
   finally:
     ex.close()
+
+
+def test_async_config_refuses_settings_that_cannot_run_as_asked():
+  ok = stream_lib.AsyncConfig.from_rl({"max_staleness": 2, "async_placement": "disaggregated",
+                                       "async_sampler_devices": 4, "async_weight_sync_segments": 3})
+  assert (ok.max_staleness, ok.placement, ok.sampler_devices, ok.weight_sync_segments) == (2, "disaggregated", 4, 3)
+  for kw, msg in [(dict(max_staleness=-1), "max_staleness: must be an int >= 0"),
+                  (dict(max_staleness=True), "max_staleness: must be an int >= 0"),
+                  (dict(max_staleness=1, placement="split"), "placement: must be one of"),
+                  (dict(max_staleness=1, partial="restart"), "partial: must be one of"),
+                  (dict(max_staleness=1, placement="disaggregated"), "needs >= 1 sampler device"),
+                  # a synchronous loop on half the devices each, with a transfer every step, is not what was asked
+                  (dict(placement="disaggregated", sampler_devices=4), "set max_staleness >= 1")]:
+    with pytest.raises(ValueError, match=msg):
+      stream_lib.AsyncConfig(**kw)

@@ -32,6 +32,25 @@ def test_split_devices_gives_each_process_the_same_share():
   assert trainer == devs[:4] and sampler == devs[4:]
   with pytest.raises(ValueError, match="leaves the trainer no device"):
     transfer.split_devices(8)
+  for bad in (0, -2):  # an empty sampler would fail later, far from the setting that caused it
+    with pytest.raises(ValueError, match=f"async_sampler_devices={bad}: the disaggregated sampler needs >= 1"):
+      transfer.split_devices(bad)
+
+
+def test_a_parameter_laid_out_otherwise_is_refused_not_scrambled():
+  # The union places the trainer's shards by device: params on a permuted mesh of the same spec would arrive
+  # in the wrong order (and from devices outside the trainer's, as zeros).
+  mesh_t, mesh_s = transfer.split_meshes(dict(data=1, fsdp=-1, tensor=1, num_devices=0), dict(data=1, fsdp=1, tensor=-1), 4)
+  src, host = _params(mesh_t)
+  xfer = transfer.WeightTransfer(sharding.state_shardings(host, mesh_t), sharding.state_shardings(host, mesh_s))
+  permuted = sharding.make_mesh(1, -1, 1, devices=list(mesh_t.devices.flat)[::-1])
+  with pytest.raises(ValueError, match="laid out as .* not as the trainer's"):
+    xfer(jax.device_put(host, sharding.state_shardings(host, permuted)))
+  out = xfer(src)  # the zero placeholders of the sampler's half are made per call, not kept
+  held = [v for v in vars(xfer).values() if isinstance(v, dict) and any(isinstance(x, jax.Array) for x in v.values())]
+  assert not held
+  for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(host)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 @pytest.mark.parametrize("sampler_sizes", [dict(data=1, fsdp=1, tensor=-1), dict(data=1, fsdp=-1, tensor=1)])
