@@ -46,8 +46,10 @@ on tools with nothing to decode), *_decode_calls, *_rows_per_call (rows decoding
 compile events: the sampler's, the update's, eager ops'; 0 when the warm-up compiled everything). sync_cpu_busy_frac
 / async_cpu_busy_frac: the fraction of the host's cores those CPU seconds filled (`metrics_writer.cpu_busy_frac`);
 speedup_at_full_cores = 1 / sync_cpu_busy_frac, the synchronous loop's CPU work done with every core busy
-throughout: where decode and update already fill the cores, overlapping them (the remote tools cost no CPU) gains no
-more than that; a schedule beats it only by doing less work (fewer, fuller decode calls).
+throughout: where decode and update already fill the cores, overlapping them (the remote tools cost no CPU) gains
+about no more than that. It is an estimate, not a hard ceiling: a schedule beats it by doing less work (fewer,
+fuller decode calls, or less spinning of XLA:CPU's thread pools, which count as CPU seconds); on an accelerator
+host, whose work is on the device, it says nothing.
 Both modes train the same prompts and draw the same scripted tokens.
 """
 
@@ -148,7 +150,7 @@ def run(args) -> dict:
   # follows tool timing, so with a program per power-of-two count a timed step could compile one the warm-up did
   # not meet. Both loops mostly start all 8 groups of a step at once, so the padding costs them little.
   cfg = RolloutConfig(batch_size=args.rows, segment_len=32, max_prompt_len=512, max_response_len=1024,
-                      prompt_bucket_min=256, chunk_len=64, cache_bucket_min=PACK_LEN, max_turns=args.tool_turns + 1,
+                      prompt_bucket_min=256, chunk_len=64, cache_bucket_min=args.cache_min, max_turns=args.tool_turns + 1,
                       groups_per_prefill=8, pad_prefill_groups=True)
   end, tool_end = stop_token_ids(tok)
   model = Qwen(cfg_m, rngs=nnx.Rngs(0))
@@ -325,6 +327,8 @@ def main(argv=None):
   p.add_argument("--sync-rows", type=int, default=None,
                  help="the synchronous loop's row slots (default prompts x n, one step's episodes)")
   p.add_argument("--tool-median-s", type=float, default=0.2)
+  p.add_argument("--cache-min", type=int, default=PACK_LEN,
+                 help="the KV cache's first capacity (default the longest episode: one capacity, no grow programs)")
   p.add_argument("--weight-sync-segments", type=int, default=0,
                  help="async: decode segments on the old weights (the stream's copy) while the update computes")
   args, scale = guard.parse_args(p, argv, SMOKE)

@@ -165,6 +165,11 @@ class StreamStats:
 _copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
 
 
+def _ready(tree) -> bool:
+  """Whether every array of `tree` has been computed (an update's outputs: true once it has finished)."""
+  return all(x.is_ready() for x in jax.tree.leaves(tree))
+
+
 def _group_id(batch: int, position: int, stride: int) -> int:
   return batch * stride + position
 
@@ -204,7 +209,8 @@ class RolloutStream:
     self._latest_version = -1
     self._gen_mark = 0
     self._sampler_params = None
-    self._pending: collections.deque = collections.deque()  # (version, params, segments left before it applies)
+    # [version, params, segments left before it applies, whether params are still the trainer's (not yet placed)]
+    self._pending: collections.deque = collections.deque()
     self._watch = None  # (dispatch time, [time its results were ready]): the watched update, for the idle metrics
     self.loop = self._new_loop()
 
@@ -212,6 +218,23 @@ class RolloutStream:
   def set_params(self, params, version: int) -> None:
     """The trainer's params of `version` (after its update was dispatched). They reach the sampler after
     `weight_sync_segments` decode segments (colocated default: at once)."""
+    self._latest_version = version
+    if self._sampler_params is None:
+      self._sampler_params, self._sampler_version = self._placed(params), version
+      return
+    # A pending copy no decode segment has counted down since (as many segments left) would fall due with this
+    # one and be replaced at once: drop it now rather than hold its weights (or its transfer) until then.
+    while self._pending and self._pending[-1][2] >= self.cfg.weight_sync_segments:
+      self._pending.pop()
+    # Disaggregated with delayed weights, the transfer is dispatched once the update has produced these params
+    # (`_dispatch_transfers`), not now: queued now, it would hold every decode segment dispatched after it on the
+    # sampler's devices (which run their programs in order) until the update ends, the overlap asked for lost.
+    deferred = self.cfg.placement == "disaggregated" and self.cfg.weight_sync_segments > 0
+    self._pending.append([version, params if deferred else self._placed(params), self.cfg.weight_sync_segments,
+                          deferred])
+
+  def _placed(self, params):
+    """The trainer's params as the sampler's weights (`place`: a transfer, a reshard or the same arrays)."""
     t0 = time.perf_counter()
     placed = self.place(params)
     if self.cfg.placement == "colocated" and self.cfg.weight_sync_segments:
@@ -219,15 +242,14 @@ class RolloutStream:
       # copy, as the update overwrites the trainer's arrays in place (donation).
       placed = _copy(placed)
     self.stats.transfer_s += time.perf_counter() - t0
-    self._latest_version = version
-    if self._sampler_params is None:
-      self._sampler_params, self._sampler_version = placed, version
-      return
-    # A pending copy no decode segment has counted down since (as many segments left) would fall due with this
-    # one and be replaced at once: drop it now rather than hold its weights (or its transfer) until then.
-    while self._pending and self._pending[-1][2] >= self.cfg.weight_sync_segments:
-      self._pending.pop()
-    self._pending.append([version, placed, self.cfg.weight_sync_segments])
+    return placed
+
+  def _dispatch_transfers(self, force: bool = False) -> None:
+    """Dispatches the deferred transfers whose params the update has produced (`force`: all of them, as the
+    trainer's next update donates its params' buffers once `next_batch` returns)."""
+    for p in self._pending:
+      if p[3] and (force or _ready(p[1])):
+        p[1], p[3] = self._placed(p[1]), False
 
   def watch_update(self, outputs) -> None:
     """Times the update whose `outputs` were just dispatched (metrics only: a thread waits for them, nothing
@@ -256,9 +278,11 @@ class RolloutStream:
 
   def _apply_weights(self, force: bool = False, count: bool = True) -> None:
     while self._pending and (force or self._pending[0][2] <= 0):
-      version, params, _ = self._pending.popleft()
+      version, params, _, deferred = self._pending.popleft()
       if self._pending and (force or self._pending[0][2] <= 0):
         continue  # a newer copy falls due now too: take only that one
+      if deferred:  # due before the update had finished: the transfer is dispatched now, and waited for
+        params = self._placed(params)
       if self.cfg.placement == "disaggregated":  # the sampler waits for the transfer (colocated: for nothing)
         t0 = time.perf_counter()
         jax.block_until_ready(params)
@@ -339,6 +363,7 @@ class RolloutStream:
     target = self.consumed
     while True:
       self.poll_update(t0)
+      self._dispatch_transfers()
       self._apply_weights(force=self._blocked(target, version))
       self._admit(version, last=target if drain else None)
       b = self.batches.get(target)
@@ -357,6 +382,7 @@ class RolloutStream:
           p[2] -= 1
       self._collect()
     self.poll_update(t0)
+    self._dispatch_transfers(force=True)
     self.batches.pop(target)
     self._admitted.pop(target, None)
     self.consumed += 1

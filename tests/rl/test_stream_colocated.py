@@ -80,7 +80,7 @@ def test_delayed_weights_decode_on_the_streams_copy_while_the_update_overwrites_
   assert [a + 2 * SEG for a in count(at_once, 0)] == count(delayed, 0) and min(count(delayed, 1)) > 0
 
 
-def _stream(cfg, scripts, n=1):
+def _stream(cfg, scripts, n=1, place=None):
   tok = testing.tiny_tokenizer()
   graphdef, p0 = nnx.split(testing.tiny_model(seed=11))
   end, tool_end = stop_token_ids(tok)
@@ -92,7 +92,7 @@ def _stream(cfg, scripts, n=1):
   ex = stub_executor(lambda code: ExecResult("ok"))
   stream = stream_lib.RolloutStream(
       _Engine(sampler, tok, ex, prompt), _batches(), cfg, n=n, prompts_per_step=1, key=jax.random.key(0),
-      score=lambda eps, rec: None,
+      score=lambda eps, rec: None, place=place,
       scripts=lambda ep: [tok.encode(words[scripts(ep)], add_special_tokens=False)])
   return stream, p0, ex
 
@@ -144,3 +144,31 @@ def test_async_config_refuses_settings_that_cannot_run_as_asked():
                   (dict(placement="disaggregated", sampler_devices=4), "set max_staleness >= 1")]:
     with pytest.raises(ValueError, match=msg):
       stream_lib.AsyncConfig(**kw)
+
+
+@pytest.mark.parametrize("update_done", [True, False])
+def test_a_delayed_disaggregated_transfer_waits_for_the_update_not_the_decode(monkeypatch, update_done):
+  """Disaggregated with weight_sync_segments > 0, the transfer is dispatched once the update has produced the
+  params (dispatched at once, the sampler's next segments would queue behind it until the update ended); if the
+  update is still running when the weights fall due, the transfer goes then; and in any case before next_batch
+  returns, as the trainer's next update donates those params."""
+  monkeypatch.setattr(stream_lib, "_ready", lambda tree: update_done)
+  calls = []
+  stream = None
+
+  def place(params):  # stands in for the transfer: when was it dispatched, in decode segments of the stream
+    calls.append(stream.loop.stats.decode_calls)
+    return params
+
+  stream, params, ex = _stream(stream_lib.AsyncConfig(max_staleness=1, placement="disaggregated", sampler_devices=1,
+                                                      weight_sync_segments=2),
+                               lambda ep: "short" if ep == 0 else "long", place=place)
+  try:
+    stream.next_batch(params, version=0)  # the first weights, placed at once
+    start = stream.loop.stats.decode_calls
+    stream.next_batch(jax.tree.map(lambda x: x + 0, params), version=1)
+    assert len(calls) == 2 and stream.stats.weight_syncs == 1
+    # Done: at the first scheduling round. Running: when the weights fell due, two segments later.
+    assert calls[1] == (start if update_done else start + 2)
+  finally:
+    ex.close()
