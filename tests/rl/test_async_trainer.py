@@ -5,6 +5,7 @@ bits as an uninterrupted one."""
 import json
 
 import jax
+import pytest
 
 from agentrl_jax import testing
 
@@ -79,6 +80,7 @@ def test_async_step_metrics_count_each_steps_own_work(tmp_path, monkeypatch):
   assert rows[1]["time/trainer_idle_frac"] < 1.0 and rows[3]["time/trainer_idle_frac"] < 1.0
 
 
+@pytest.mark.slow  # two trainer runs (6 and 3 steps): the default suite keeps its one kill-and-resume test above
 def test_a_resume_restores_the_streams_buffered_groups_bit_identical(tmp_path):
   """At max_staleness 2 the stream runs two batches ahead, so a checkpoint's drain leaves finished groups of the
   next batch in the buffer: the checkpoint carries them (not regenerated), and a run resumed from it ends with the
