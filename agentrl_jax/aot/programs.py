@@ -247,24 +247,23 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
     if not ev.sources:
       notes.append("eval/* programs: compiled by a run when config.eval.sources is set (the recipe's command "
                    "sets it)")
-  # Asynchronous runs keep the rollout stream alive across updates and evaluations: its KV cache (at its largest
-  # capacity, which it keeps once reached) and the sampler's weights stay in HBM on the sampler's devices while
-  # the trainer's programs and the evaluation run; with async_weight_sync_segments > 0 a second copy of the
-  # sampler's weights (the next version) waits beside the one decoding.
+  # Asynchronous runs keep the rollout stream alive across updates: its KV cache (at its largest capacity, which
+  # it keeps once reached) and the sampler's weights stay in HBM on the sampler's devices while the trainer's
+  # programs run; with async_weight_sync_segments > 0 a second copy of the sampler's weights (the next version)
+  # waits beside the one decoding. An evaluation runs on a stopped stream (`RolloutStream.stop`: its cache freed,
+  # one version of the weights, which the evaluation decodes with), as a synchronous run's does.
   rollout = [p for p in programs if p.name.startswith("rollout/")]
   streaming = bool(rl.get("max_staleness"))
   delayed = streaming and int(rl.get("async_weight_sync_segments") or 0) > 0
   stream_cache = int(max((p.scale_bytes for p in rollout if p.name == "rollout/init"), default=0)) if streaming else 0
   copy = int(max((p.fixed_bytes for p in rollout), default=0))  # the sampler's weights, per device
-  eval_resident = 0
   if disaggregated:
     # The transfer moves what the sampler runs: the params, or with LoRA the merged copy.
     programs.append(_transfer_program(cfg, sparams, sharding_lib.state_shardings(sparams, run_mesh), run_smesh, t,
                                       notes))
     # The sampler's devices: the weights decoding are each rollout program's argument; the next version beside
-    # them when delayed. An evaluation decodes a fresh transfer of the weights beside the stream's and its cache.
+    # them when delayed.
     resident = copy * delayed
-    eval_resident = resident + copy + stream_cache
     # The transfer runs on both sides: the trainer's AdamW moments (and reference) stay beside it on one, the
     # stream's weights and KV cache on the other.
     programs[-1].resident = max(moments + ref_bytes, copy * (1 + delayed) + stream_cache)
@@ -278,24 +277,24 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
     in_place = smesh is mesh and not lora.enabled and not delayed
     resident = device_bytes(state) - (device_bytes(state.params) if in_place else 0) + ref_bytes + copy * delayed
     # Colocated, the stream's cache and its own copies of the weights (LoRA's merged one; delayed: the one
-    # decoding and the next) stay beside the update, the scoring pass and the evaluation.
+    # decoding and the next) stay beside the update and the scoring pass.
     beside = stream_cache + copy * ((lora.enabled or delayed) + delayed) if streaming else 0
-    eval_resident = resident + beside
     for p in programs:
       if p.name in ("rl/update", "rl/logprobs"):
         p.resident += beside
   if streaming:
     notes.append(f"asynchronous: the rollout stream's KV cache ({stream_cache / 2**30:.2f} GiB a sampler device)"
                  + (" and the sampler's weights" if disaggregated or lora.enabled or delayed else "")
-                 + " stay in HBM beside " + ("the evaluation and the weight transfer" if disaggregated else
-                                             "the update, the scoring pass and the evaluation")
+                 + " stay in HBM beside " + ("the weight transfer" if disaggregated else
+                                             "the update and the scoring pass")
+                 + "; an evaluation stops the stream first (its cache freed)"
                  + (f"; async_weight_sync_segments > 0 keeps the next weights beside those decoding "
                     f"({copy / 2**30:.2f} GiB a sampler device)" if delayed else ""))
   for p in programs:
     if p.name.startswith("rollout/"):
       p.resident = resident
-    elif p.name.startswith("eval/"):
-      p.resident = eval_resident if streaming else resident
+    elif p.name.startswith("eval/"):  # a stopped stream: no next version waits (the weights are its argument)
+      p.resident = resident - copy * delayed
   return Plan(programs, cfg, source, notes, resident)
 
 

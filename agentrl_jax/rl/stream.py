@@ -31,9 +31,10 @@ which waits for the update's results; more: the segments before decode on the ol
 Updates dispatched before any of their segments ran are superseded by the newest: the sampler keeps at most
 one pending copy of the weights a segment count, and takes only the newest of those that fall due together.
 
-Checkpoints (`state_dict` / `load_state_dict`): a checkpoint at step s aborts the groups in flight (their
-partial episodes are dropped; they restart from their prompts) and keeps finished groups and the prompt records
-of every untrained batch. The trainer drains the stream in the step before a checkpoint
+Checkpoints and evaluations (`stop`, `state_dict` / `load_state_dict`): the stream stops before either: it
+aborts the groups in flight (their partial episodes are dropped; they restart from their prompts) and frees its
+KV cache, so an evaluation decodes beside no stream cache; a checkpoint keeps finished groups and the prompt
+records of every untrained batch. The trainer drains the stream in the step before a checkpoint or an evaluation
 (`next_batch(drain=True)`: no later batch starts, the groups in flight finish), so the abort finds nothing to
 drop. An uninterrupted run does the same at the same steps, so a run killed at any point and resumed from its
 checkpoint trains every prompt exactly once, on the same episodes, as the uninterrupted run
@@ -211,7 +212,10 @@ class RolloutStream:
     self._sampler_params = None
     # [version, params, segments left before it applies, whether params are still the trainer's (not yet placed)]
     self._pending: collections.deque = collections.deque()
-    self._watch = None  # (dispatch time, [time its results were ready]): the watched update, for the idle metrics
+    # (dispatch time, [time its results were ready]) of each watched update not yet recorded, oldest first, and
+    # when the last recorded one's results were ready: the idle metrics' update time.
+    self._watches: collections.deque = collections.deque()
+    self._watch_done = 0.0
     self.loop = self._new_loop()
 
   # ------------------------------------------------------------------------------------------------ weights
@@ -253,7 +257,8 @@ class RolloutStream:
 
   def watch_update(self, outputs) -> None:
     """Times the update whose `outputs` were just dispatched (metrics only: a thread waits for them, nothing
-    else does)."""
+    else does). An update dispatched while an earlier one still runs is watched too: its time starts when the
+    earlier one's results were ready (the devices run them one after the other)."""
     self.poll_update()
     t0, ready = time.perf_counter(), []
 
@@ -261,20 +266,25 @@ class RolloutStream:
       jax.block_until_ready(leaves)
       ready.append(time.perf_counter())
 
-    threading.Thread(target=wait, name="rollout-stream-update-watch", daemon=True).start()
-    self._watch = (t0, ready)
+    thread = threading.Thread(target=wait, name="rollout-stream-update-watch", daemon=True)
+    thread.start()
+    self._watches.append((t0, ready, thread))
 
-  def poll_update(self, entered: float | None = None, into: StreamStats | None = None) -> None:
-    """Records the watched update's time in `into` (default the stream's stats) if its results are ready
-    (`entered`: when next_batch began; the device time after it blocked the rollout, colocated)."""
-    if self._watch is None or not self._watch[1]:
-      return
-    (t0, (done,)), into = self._watch, into or self.stats
-    entered = done if entered is None else entered
-    into.update_device_s += done - t0
-    if self.cfg.placement == "colocated":
-      into.update_blocked_s += max(0.0, done - max(t0, entered))
-    self._watch = None
+  def poll_update(self, entered: float | None = None, into: StreamStats | None = None, wait: bool = False) -> None:
+    """Records the time of the watched updates whose results are ready in `into` (default the stream's stats)
+    (`entered`: when next_batch began; the device time after it blocked the rollout, colocated; `wait`: for every
+    watched update, whose results the caller has)."""
+    into = into or self.stats
+    if wait:
+      for _, _, thread in self._watches:
+        thread.join()
+    while self._watches and self._watches[0][1]:
+      t0, (done,), _ = self._watches.popleft()
+      start = max(t0, self._watch_done)  # an update queued behind the previous one starts when it ends
+      self._watch_done = done
+      into.update_device_s += max(0.0, done - start)
+      if self.cfg.placement == "colocated":
+        into.update_blocked_s += max(0.0, done - max(start, done if entered is None else entered))
 
   def _apply_weights(self, force: bool = False, count: bool = True) -> None:
     while self._pending and (force or self._pending[0][2] <= 0):
@@ -421,22 +431,44 @@ class RolloutStream:
     return len(self.loop.in_flight_groups()) + len(self.loop.queue)
 
   # ------------------------------------------------------------------------------------------------ checkpoint
-  def state_dict(self, params, version: int) -> tuple[dict, int]:
-    """Aborts the groups in flight (they restart from their prompts), hands the sampler the trainer's params of
-    `version` at once, and returns what a checkpoint keeps: the untrained batches (records, rendered prompts,
-    finished groups) and the counters, with the number of groups aborted. Call it at the same steps in every run
-    (every checkpoint), so interrupted and uninterrupted runs stay the same function (a resumed stream starts
-    from the same state: nothing in flight, the sampler on the checkpoint's weights)."""
-    self.restarts += 1
-    dropped = self.loop.abort(jax.random.fold_in(self.key, self.restarts))
+  def stop(self, params, version: int) -> int:
+    """Stops the loop: aborts the groups in flight (they restart from their prompts), frees its KV cache (the
+    next decode segment starts a fresh one from the next restart's key) and hands the sampler the trainer's
+    params of `version` at once (`weights`). Before a checkpoint (`state_dict`) and before an evaluation, which
+    then decodes beside no stream cache: on a slice the stream's cache is most of a sampler chip's memory. The
+    trainer drains the step before either (`next_batch(drain=True)`), so nothing is aborted. Call it at the same
+    steps in every run, as the trainer does (checkpoints and evaluations are counted in steps): a run stays a
+    function of its seed and config. Stopping a stopped loop (nothing in flight, no cache) changes nothing.
+
+    Returns:
+      The number of groups aborted.
+    """
+    dropped = []
+    if self.loop.busy or self.loop.state is not None:
+      self.restarts += 1
+      dropped = self.loop.abort(jax.random.fold_in(self.key, self.restarts))
     self._admitted = {}
     self.next_admit = self.consumed
     if version > self._latest_version:
       self.set_params(params, version)
     self._apply_weights(force=True, count=False)
+    return len(dropped)
+
+  @property
+  def weights(self):
+    """The sampler's current weights (after `stop`: the trainer's params of its version, as the sampler runs
+    them, on its devices), for an evaluation to decode with instead of placing a second copy."""
+    return self._sampler_params
+
+  def state_dict(self, params, version: int) -> tuple[dict, int]:
+    """Stops the loop (`stop`) and returns what a checkpoint keeps: the untrained batches (records, rendered
+    prompts, finished groups) and the counters, with the number of groups aborted. Call it at the same steps in
+    every run (every checkpoint), so interrupted and uninterrupted runs stay the same function (a resumed stream
+    starts from the same state: nothing in flight, the sampler on the checkpoint's weights)."""
+    dropped = self.stop(params, version)
     return {"batches": [{"index": b.index, "records": b.records, "ids": b.ids, "skipped": b.skipped,
                          "groups": b.groups} for b in self.batches.values()],
-            "next_draw": self.next_draw, "consumed": self.consumed, "restarts": self.restarts}, len(dropped)
+            "next_draw": self.next_draw, "consumed": self.consumed, "restarts": self.restarts}, dropped
 
   def load_state_dict(self, state: dict) -> None:
     """Restores `state_dict`'s output (a resumed run): the untrained batches and the counters."""

@@ -17,8 +17,8 @@ finite parameters) kept.
 
 The sampler reads the trainer's params directly (on `sampler_mesh`, its own layout over the same devices, when
 set: a device-to-device reshard per rollout); the synchronous loop has no weight sync (the asynchronous one,
-`rl.max_staleness` > 0, hands the stream each update's params: agentrl_jax/rl/stream.py). Several processes (one per host): the
-rollout is one SPMD program whose rows live on their hosts' devices, each host runs its own rows' tool calls
+`rl.max_staleness` > 0, hands the stream each update's params: agentrl_jax/rl/stream.py). Several processes
+(one per host): the rollout is one SPMD program whose rows live on their hosts' devices, each host runs its own rows' tool calls
 and scores a share of the episodes, and the results are gathered so that every host makes the same decisions
 (which groups are kept, the update batch); process 0 writes metrics and samples (agentrl_jax/multihost.py).
 A run killed at any point resumes from its latest checkpoint with the same config and workdir: the checkpoint
@@ -225,7 +225,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     return saved
 
   def run_eval(step):
-    metrics, rows = eval_runner.evaluate(eval_engine, to_sampler(state.params), eval_records, n=config.eval.n,
+    if stream is None:
+      weights = to_sampler(state.params)
+    else:
+      # The stream stops first (the step drained it), so the evaluation decodes beside no stream cache, on the
+      # weights the sampler already holds (disaggregated: no second transfer).
+      counters["aborted_groups"] += stream.stop(state.params, step)
+      weights = stream.weights
+    metrics, rows = eval_runner.evaluate(eval_engine, weights, eval_records, n=config.eval.n,
                                          key=jax.random.fold_in(eval_key, step), reward_cfg=reward_cfg,
                                          ks=config.eval.ks, progress="eval", leave=False)
     writer.write(step, {f"eval/{k}" if not k.startswith("eval/") else k: v for k, v in metrics.items()})
@@ -250,7 +257,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     if d["finish_now"]:  # the loop waits for this update before its next step: the step ends with the results
       d["t_done"], d["cpu_done"] = time.perf_counter(), metrics_writer.cpu_seconds()
     if stream is not None:  # a step that waited for its own update counts its device time (else the next one does)
-      stream.poll_update(into=d["stream_stats"] if d["finish_now"] else None)
+      stream.poll_update(into=d["stream_stats"] if d["finish_now"] else None, wait=d["finish_now"])
     skipped = int(sum(float(u["skipped"]) for u in updates))
     nonfinite_run = nonfinite_run + 1 if skipped else 0
     if skipped:
@@ -361,8 +368,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                                               max_workers=config.tools.max_concurrency or 8)
             times["scoring"] += time.perf_counter() - t0
         else:  # asynchronous: the oldest untrained batch of the stream, scored as its groups finished
-          # The step before a checkpoint drains the stream: the checkpoint then aborts no episode in flight.
-          b = stream.next_batch(state.params, version=step, drain=checkpoint_due(step + 1))
+          # The step before a checkpoint or an evaluation drains the stream: stopping it then (a checkpoint keeps
+          # no KV cache, an evaluation decodes beside none) aborts no episode in flight.
+          b = stream.next_batch(state.params, version=step, drain=checkpoint_due(step + 1) or eval_due(step + 1))
           counters["skipped_prompts"] += b.skipped
           order = sorted(b.groups)
           round_records = [b.records[p] for p in order]

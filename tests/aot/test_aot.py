@@ -133,8 +133,9 @@ def test_disaggregated_programs_compile_each_on_their_own_devices_with_the_trans
 
 def test_asynchronous_plans_count_the_streams_cache_and_weight_copies_beside_each_program():
   """The rollout stream lives across updates: its KV cache (and any copy of the weights it holds) stays in HBM
-  while the update, the scoring pass and the evaluation run (colocated), or beside the evaluation and the weight
-  transfer on the sampler's devices (disaggregated); delayed weights keep the next copy beside the one decoding."""
+  while the update and the scoring pass run (colocated), or beside the weight transfer on the sampler's devices
+  (disaggregated); delayed weights keep the next copy beside the one decoding. An evaluation stops the stream
+  (`RolloutStream.stop`: its cache freed) and decodes on its weights: it needs what a synchronous run's does."""
   t = target.target("v5e:2x4")
 
   def plan(**kw):
@@ -150,21 +151,22 @@ def test_asynchronous_plans_count_the_streams_cache_and_weight_copies_beside_eac
   colo = plan(**{"rl.max_staleness": 1})
   assert colo["rl/update"].resident == sync["rl/update"].resident + cache
   assert colo["rollout/decode"].resident == sync["rollout/decode"].resident  # the params read in place
-  assert colo["eval/decode"].resident == sync["eval/decode"].resident + cache
+  assert colo["eval/decode"].resident == sync["eval/decode"].resident
   delayed = plan(**{"rl.max_staleness": 1, "rl.async_weight_sync_segments": 2})
   assert delayed["rl/update"].resident == sync["rl/update"].resident + cache + 2 * copy  # decoding and next copies
   state = sync["rollout/decode"].resident + copy  # the whole train state: the sampler no longer reads it in place
   assert delayed["rollout/decode"].resident == state + copy
+  assert delayed["eval/decode"].resident == state  # the stream's one copy is its argument
   dis = dict(**{"rl.max_staleness": 1, "rl.async_placement": "disaggregated", "rl.async_sampler_devices": 4,
                 "sampler_mesh.tensor": -1})
   split = plan(**dis)
   cache4 = next(p.scale_bytes for n, p in split.items() if n == "rollout/init")  # over the sampler's 4 devices
   copy4 = split["rollout/decode"].fixed_bytes
   assert split["rollout/decode"].resident == 0 and split["rl/update"].resident == 0
-  assert split["eval/decode"].resident == copy4 + cache4  # a fresh transfer decodes beside the stream's
+  assert split["eval/decode"].resident == 0  # the stream's weights are its argument
   assert split["rl/weight_transfer"].resident >= copy4 + cache4
   later = plan(**dis, **{"rl.async_weight_sync_segments": 2})
-  assert later["rollout/decode"].resident == copy4 and later["eval/decode"].resident == 2 * copy4 + cache4
+  assert later["rollout/decode"].resident == copy4 and later["eval/decode"].resident == 0
 
 
 def test_an_invalid_asynchronous_setting_is_a_clear_error_not_a_traceback():

@@ -84,15 +84,18 @@ def test_async_step_metrics_count_each_steps_own_work(tmp_path, monkeypatch):
 def test_a_resume_restores_the_streams_buffered_groups_bit_identical(tmp_path):
   """At max_staleness 2 the stream runs two batches ahead, so a checkpoint's drain leaves finished groups of the
   next batch in the buffer: the checkpoint carries them (not regenerated), and a run resumed from it ends with the
-  bits of the uninterrupted run."""
+  bits of the uninterrupted run. Evaluations, which stop the stream, replay at the same steps."""
   import pickle
   import shutil
 
   from agentrl_jax.rl import trainer
+  from agentrl_jax.tasks import digits
 
+  path = digits.write_rl_parquet(str(tmp_path / "eval.parquet"), 4)
   cfg = lambda: testing.load_config("rl_toy", "digits", **{  # noqa: E731
       "rl.total_steps": 6, "checkpoint.every_steps": 3, "rl.max_staleness": 2, "rollout.batch_size": 64,
-      "rollout.segment_len": 4})
+      "rollout.segment_len": 4, "eval.every_steps": 4, "eval.n": 2, "eval.ks": [2],
+      "eval.sources": [dict(name="digits", path=path, schema="rl")]})
   full, resumed = tmp_path / "full", tmp_path / "resumed"
   full.mkdir()
   trainer.run(cfg(), str(full))
@@ -110,3 +113,61 @@ def test_a_resume_restores_the_streams_buffered_groups_bit_identical(tmp_path):
   leaves_a, leaves_b = jax.tree.leaves(state_a), jax.tree.leaves(state_b)
   assert len(leaves_a) == len(leaves_b) > 20
   assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(leaves_a, leaves_b))
+  def evals(run):
+    rows = map(json.loads, open(run / "metrics.jsonl"))
+    return [(r["step"], r["eval/toy_digits/score_mean"]) for r in rows if "eval/toy_digits/score_mean" in r]
+
+  assert [s for s, _ in evals(full)] == [4, 6] and evals(resumed) == evals(full)  # rerun after the resume
+
+
+def test_an_evaluation_runs_on_a_stopped_stream(tmp_path, monkeypatch):
+  """The step before an evaluation drains the stream and the evaluation stops it, so it decodes beside no stream
+  KV cache (on a slice most of a sampler chip's memory), on the weights the sampler holds, and nothing in flight is
+  aborted."""
+  from agentrl_jax.evaluation import runner as eval_runner
+  from agentrl_jax.rl import stream as stream_lib
+  from agentrl_jax.rl import trainer
+  from agentrl_jax.tasks import digits
+
+  streams, freed, seen = [], [], []
+
+  def live_bytes():
+    return sum(x.nbytes for x in jax.live_arrays())
+
+  class Recorded(stream_lib.RolloutStream):
+    def __init__(self, *args, **kw):
+      super().__init__(*args, **kw)
+      streams.append(self)
+
+    def stop(self, params, version):
+      cache = sum(x.nbytes for x in jax.tree.leaves(self.loop.state))
+      before = live_bytes()
+      out = super().stop(params, version)
+      freed.append((version, cache, before - live_bytes()))
+      return out
+
+  evaluate = eval_runner.evaluate
+
+  def checked(engine, params, records, **kw):
+    (s,) = streams
+    seen.append((s.loop.state is None, s.loop.busy, params is s.weights, s._sampler_version))
+    return evaluate(engine, params, records, **kw)
+
+  monkeypatch.setattr(stream_lib, "RolloutStream", Recorded)
+  monkeypatch.setattr(eval_runner, "evaluate", checked)
+  path = digits.write_rl_parquet(str(tmp_path / "eval.parquet"), 8)
+  cfg = testing.load_config("rl_toy", "digits", **{
+      "rl.total_steps": 4, "checkpoint.every_steps": 4, "rl.max_staleness": 1, "rollout.batch_size": 64,
+      "rollout.segment_len": 4, "eval.every_steps": 2, "eval.n": 2, "eval.ks": [2],
+      "eval.sources": [dict(name="digits", path=path, schema="rl", limit=4)]})
+  (tmp_path / "run").mkdir()
+  trainer.run(cfg, str(tmp_path / "run"))
+  # Steps 2 and 4 evaluate (4 also checkpoints): the stream stopped, idle, on the step's weights.
+  assert seen == [(True, False, True, 2), (True, False, True, 4)]
+  # Each evaluation's stop freed the cache (the checkpoint's at 4 then finds the loop stopped: nothing to free).
+  evals = [f for f in freed if f[1]]
+  assert [f[0] for f in evals] == [2, 4] and all(cache > 0 and gone >= cache for _, cache, gone in evals), freed
+  rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+  train = [r for r in rows if "count/aborted_groups" in r]
+  assert [r["step"] for r in train] == [1, 2, 3, 4] and train[-1]["count/aborted_groups"] == 0
+  assert [r["step"] for r in rows if r.get("eval/toy_digits/n_problems") == 4] == [2, 4]

@@ -172,3 +172,46 @@ def test_a_delayed_disaggregated_transfer_waits_for_the_update_not_the_decode(mo
     assert calls[1] == (start if update_done else start + 2)
   finally:
     ex.close()
+
+
+def test_updates_dispatched_back_to_back_are_each_timed_one_after_the_other(monkeypatch):
+  """An update dispatched while the previous one still runs (its step's batch was already complete) is timed
+  too, from the previous one's end (the devices run them in order), and the first is not lost."""
+  import threading
+  import time
+  import types
+
+  clock = [0.0]
+  monkeypatch.setattr(stream_lib, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+  class Update:  # an update's outputs: ready when the test says
+    def __init__(self):
+      self.done = threading.Event()
+
+    def block_until_ready(self):
+      self.done.wait()
+      return self
+
+  def finish(u, at, watch):
+    clock[0] = at
+    u.done.set()
+    while not watch[1]:  # its watcher has read the clock
+      time.sleep(0.001)
+
+  stream, _, ex = _stream(stream_lib.AsyncConfig(max_staleness=1), lambda ep: "short")
+  try:
+    a, b = Update(), Update()
+    clock[0] = 1.0
+    stream.watch_update(a)
+    clock[0] = 2.0
+    stream.watch_update(b)  # a still runs
+    first, second = stream._watches
+    finish(a, 5.0, first)
+    stream.poll_update(entered=1.5)  # a's results: 4 s on the devices, 3.5 s of them after next_batch began
+    assert (stream.stats.update_device_s, stream.stats.update_blocked_s) == (4.0, 3.5)
+    finish(b, 6.0, second)
+    into = stream_lib.StreamStats()
+    stream.poll_update(into=into, wait=True)  # b ran from a's end at 5 s, not from its dispatch at 2 s
+    assert (into.update_device_s, into.update_blocked_s) == (1.0, 0.0) and not stream._watches
+  finally:
+    ex.close()
