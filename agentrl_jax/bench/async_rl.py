@@ -150,8 +150,8 @@ def run(args) -> dict:
   # follows tool timing, so with a program per power-of-two count a timed step could compile one the warm-up did
   # not meet. Both loops mostly start all 8 groups of a step at once, so the padding costs them little.
   cfg = RolloutConfig(batch_size=args.rows, segment_len=32, max_prompt_len=512, max_response_len=1024,
-                      prompt_bucket_min=256, chunk_len=64, cache_bucket_min=args.cache_min, max_turns=args.tool_turns + 1,
-                      groups_per_prefill=8, pad_prefill_groups=True)
+                      prompt_bucket_min=256, chunk_len=64, cache_bucket_min=args.cache_min,
+                      max_turns=args.tool_turns + 1, groups_per_prefill=8, pad_prefill_groups=True)
   end, tool_end = stop_token_ids(tok)
   model = Qwen(cfg_m, rngs=nnx.Rngs(0))
   mesh = sharding.make_mesh(1, -1, 1, devices=jax.devices()[:1])
