@@ -208,6 +208,7 @@ class RolloutStream:
     self._admitted: dict[int, int] = {}  # batch -> groups of it added to the loop
     self._sampler_version = 0
     self._latest_version = -1
+    self._latest_params = None  # the trainer's params of that version (handed again by a step that skipped its update)
     self._gen_mark = 0
     self._sampler_params = None
     # [version, params, segments left before it applies, whether params are still the trainer's (not yet placed)]
@@ -221,10 +222,18 @@ class RolloutStream:
   # ------------------------------------------------------------------------------------------------ weights
   def set_params(self, params, version: int) -> None:
     """The trainer's params of `version` (after its update was dispatched). They reach the sampler after
-    `weight_sync_segments` decode segments (colocated default: at once)."""
+    `weight_sync_segments` decode segments (colocated default: at once). The same params object again (a step
+    that skipped its update) only renames the newest weights' version: nothing is copied, moved or recomputed."""
+    same, self._latest_params = params is self._latest_params, params
     self._latest_version = version
     if self._sampler_params is None:
       self._sampler_params, self._sampler_version = self._placed(params), version
+      return
+    if same:  # a step that skipped its update (no informative group): the newest weights are this version's too
+      if self._pending:
+        self._pending[-1][0] = version
+      else:
+        self._sampler_version = version
       return
     # A pending copy no decode segment has counted down since (as many segments left) would fall due with this
     # one and be replaced at once: drop it now rather than hold its weights (or its transfer) until then.

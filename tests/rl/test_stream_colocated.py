@@ -215,3 +215,31 @@ def test_updates_dispatched_back_to_back_are_each_timed_one_after_the_other(monk
     assert (into.update_device_s, into.update_blocked_s) == (1.0, 0.0) and not stream._watches
   finally:
     ex.close()
+
+
+@pytest.mark.parametrize("weight_sync_segments", [0, 2])
+def test_a_step_that_skipped_its_update_renames_the_weights_version_without_a_sync(weight_sync_segments):
+  """A step with no informative group trains nothing, so the next step hands the stream the same params under the
+  next version: the newest weights (the sampler's, or the copy waiting) take that version; nothing is copied,
+  applied or recomputed for it."""
+  stream, params, ex = _stream(stream_lib.AsyncConfig(max_staleness=1, partial="recompute",
+                                                      weight_sync_segments=weight_sync_segments),
+                               lambda ep: "long", n=2)
+  try:
+    stream.next_batch(params, version=0)
+    trained = jax.tree.map(lambda x: x + 0, params)  # step 1's update
+    stream.next_batch(trained, version=1)
+    copies = len(stream._pending) + stream.stats.weight_syncs  # version 1's weights: waiting or applied
+    assert copies == 1
+    for version in (2, 3):  # steps 2 and 3 skipped their updates
+      stream.next_batch(trained, version=version)
+      labels = [stream._sampler_version] + [p[0] for p in stream._pending]
+      assert max(labels) == version and len(stream._pending) <= 1
+      assert len(stream._pending) + stream.stats.weight_syncs == copies  # no copy made or applied for the rename
+    if weight_sync_segments == 0:  # applied at once: version 1's weights recomputed the rows in flight, once
+      assert stream.stats.weight_syncs == 1 and stream._sampler_version == 3
+      recomputed = stream.stats.recomputed_tokens
+      stream.next_batch(trained, version=4)
+      assert stream.stats.recomputed_tokens == recomputed and stream.stats.weight_syncs == 1
+  finally:
+    ex.close()
