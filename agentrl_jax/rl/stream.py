@@ -153,8 +153,8 @@ class StreamStats:
   transfer_s: float = 0.0    # dispatching weight transfers (disaggregated) or reshards to the sampler's layout
   weight_wait_s: float = 0.0  # disaggregated: the sampler blocked until new weights had arrived
   update_device_s: float = 0.0  # an update from its dispatch until its results were ready (a thread waits on them)
-  update_blocked_s: float = 0.0  # colocated: of that, the time next_batch ran, the device busy with the update (a
-  #                                tool wait in that time counts in tool_wait_s too)
+  update_blocked_s: float = 0.0  # colocated: of that, the time next_batch ran, the device busy with the update, but
+  #                                for the tool waits in it (tool_wait_s holds them)
   buffered_groups: int = 0   # finished groups waiting for training, when the stats were taken
   in_flight: int = 0         # groups in the loop (running or queued), when the stats were taken
   stale_dropped: int = 0     # groups older than max_staleness at consumption
@@ -287,13 +287,19 @@ class RolloutStream:
     if wait:
       for _, _, thread in self._watches:
         thread.join()
+    spans = self.loop.tool_wait_spans
     while self._watches and self._watches[0][1]:
       t0, (done,), _ = self._watches.popleft()
       start = max(t0, self._watch_done)  # an update queued behind the previous one starts when it ends
       self._watch_done = done
       into.update_device_s += max(0.0, done - start)
       if self.cfg.placement == "colocated":
-        into.update_blocked_s += max(0.0, done - max(start, done if entered is None else entered))
+        b0 = max(start, done if entered is None else entered)
+        tools = sum(max(0.0, min(e, done) - max(s, b0)) for s, e in spans)  # idle for tools, counted there
+        into.update_blocked_s += max(0.0, done - b0 - tools)
+    # Tool waits that ended before the oldest update still watched started overlap no update to come.
+    first = max(self._watches[0][0], self._watch_done) if self._watches else float("inf")
+    spans[:] = [(s, e) for s, e in spans if e > first]
 
   def _apply_weights(self, force: bool = False, count: bool = True) -> None:
     while self._pending and (force or self._pending[0][2] <= 0):
@@ -316,8 +322,10 @@ class RolloutStream:
   # ------------------------------------------------------------------------------------------------ batches
   def _new_loop(self) -> AgentLoop:
     e = self.engine
-    return AgentLoop(e.sampler, n=self.n, tokenizer=e.tokenizer, executor=e.executor, cfg=e.cfg,
+    loop = AgentLoop(e.sampler, n=self.n, tokenizer=e.tokenizer, executor=e.executor, cfg=e.cfg,
                      key=jax.random.fold_in(self.key, self.restarts), scripts=self.scripts, refill=True)
+    loop.tool_wait_spans = []  # for the update's blocked time (`poll_update`)
+    return loop
 
   def _draw(self) -> Batch:
     rendered = self.engine.render(next(self.data_iter))

@@ -273,8 +273,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     st = d["stream_stats"]
     update_s = times["update"] if st is None else st.update_device_s
     # Asynchronous: the stream's time that was no rollout work (behind the update on the same devices, scoring
-    # finished groups on the host, waiting for a transfer), besides its tool waits. A tool wait while the update
-    # blocked the devices counts in both, so the idle fraction can overstate by that overlap.
+    # finished groups on the host, waiting for a transfer), besides its tool waits (a tool wait while the update
+    # blocked the devices counts once, as a tool wait).
     not_rollout_s = 0.0 if st is None else st.update_blocked_s + st.scoring_s + st.weight_wait_s
     staleness = d["staleness"]
     last = {

@@ -231,6 +231,7 @@ class AgentLoop:
     self._min_stops = jnp.int32(cfg.min_tool_stops if cfg.overlap_tools else _NO_LIMIT)
     self._t_start = time.perf_counter()
     self._traces_before = dict(sampler_lib.TRACE_COUNTS)
+    self.tool_wait_spans: list[tuple[float, float]] | None = None  # a list: each tool wait's (start, end) goes in
 
   # ------------------------------------------------------------------------------------------------ public API
   def add(self, prompts: Sequence[Sequence[int]], groups: Sequence[int] | None = None) -> None:
@@ -625,7 +626,10 @@ class AgentLoop:
                               else concurrent.futures.FIRST_COMPLETED)
     if self.procs > 1:
       self._exchange_results()
-    self.stats.tool_wait_s += time.perf_counter() - t0
+    t1 = time.perf_counter()
+    self.stats.tool_wait_s += t1 - t0
+    if self.tool_wait_spans is not None:
+      self.tool_wait_spans.append((t0, t1))
 
 
 def run_rollout(

@@ -176,7 +176,8 @@ def test_a_delayed_disaggregated_transfer_waits_for_the_update_not_the_decode(mo
 
 def test_updates_dispatched_back_to_back_are_each_timed_one_after_the_other(monkeypatch):
   """An update dispatched while the previous one still runs (its step's batch was already complete) is timed
-  too, from the previous one's end (the devices run them in order), and the first is not lost."""
+  too, from the previous one's end (the devices run them in order), and the first is not lost; the rollout's
+  time blocked behind an update leaves out its tool waits, which count as such."""
   import threading
   import time
   import types
@@ -206,13 +207,18 @@ def test_updates_dispatched_back_to_back_are_each_timed_one_after_the_other(monk
     clock[0] = 2.0
     stream.watch_update(b)  # a still runs
     first, second = stream._watches
+    stream.loop.tool_wait_spans += [(0.5, 1.0), (2.0, 3.0), (4.5, 5.5)]  # the loop's tool waits meanwhile
     finish(a, 5.0, first)
-    stream.poll_update(entered=1.5)  # a's results: 4 s on the devices, 3.5 s of them after next_batch began
-    assert (stream.stats.update_device_s, stream.stats.update_blocked_s) == (4.0, 3.5)
+    # a's results: 4 s on the devices, 3.5 s of them after next_batch began, 1.5 s of which the loop waited on
+    # tools (counted as tool waits, not again as the update's)
+    stream.poll_update(entered=1.5)
+    assert (stream.stats.update_device_s, stream.stats.update_blocked_s) == (4.0, 2.0)
+    assert stream.loop.tool_wait_spans == [(4.5, 5.5)]  # what could still overlap b
     finish(b, 6.0, second)
     into = stream_lib.StreamStats()
     stream.poll_update(into=into, wait=True)  # b ran from a's end at 5 s, not from its dispatch at 2 s
     assert (into.update_device_s, into.update_blocked_s) == (1.0, 0.0) and not stream._watches
+    assert stream.loop.tool_wait_spans == []
   finally:
     ex.close()
 
