@@ -254,7 +254,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   rates = [e["pass_rate"] for e in entries if e["pass_rate"] is not None]
   histogram = collections.Counter(f"{r:.4f}" for r in rates)
   summary = {"prompts": len(entries), "estimated": len(rates), "skipped": len(entries) - len(rates),
-             "kept": len(rows), "band": str(band), "k": cfg.k, "pass_rate_mean": float(np.mean(rates)) if rates else 0.0,
+             "kept": len(rows), "band": str(band), "k": cfg.k,
+             "pass_rate_mean": float(np.mean(rates)) if rates else 0.0,
              "all_correct": sum(r == 1.0 for r in rates), "all_wrong": sum(r == 0.0 for r in rates),
              "pass_rate_histogram": dict(sorted(histogram.items())), "output": out_path if rows else "",
              "malformed_prompt_rows": prompts.num_skipped, "wall_s": time.perf_counter() - t_start}

@@ -54,7 +54,8 @@ def _run(weight_sync_segments: int):
     stream = stream_lib.RolloutStream(
         _Engine(sampler, tok, ex, prompt), _batches(),
         stream_lib.AsyncConfig(max_staleness=1, weight_sync_segments=weight_sync_segments), n=2,
-        prompts_per_step=1, key=jax.random.key(0), score=lambda eps, rec: None, scripts=lambda ep: [short if ep < 2 else long])
+        prompts_per_step=1, key=jax.random.key(0), score=lambda eps, rec: None,
+        scripts=lambda ep: [short if ep < 2 else long])
     trainer = jax.tree.map(lambda x: x.copy(), p0)
     drawn = []
     for version in range(3):
