@@ -75,6 +75,7 @@ NOT_GUARDED = {
     "device": "accelerator only (launch/device_bench.sh on a lent GPU), ratios recorded in the closing notes",
     "lora": "a design comparison (the sampler on unmerged adapters or merged weights), not a figure of ours "
             "against a floor or a peer",
+    "async_schedule": "a model of the asynchronous schedule (it times nothing), to read bench.async_rl against",
 }
 
 
