@@ -115,7 +115,7 @@ def main(argv=None):
                         ("update-s", 0.35), ("staleness", 1), ("steps", 3000), ("window", 16), ("seed", 0)]:
     p.add_argument(f"--{name}", type=type(default), default=default)
   args = p.parse_args(argv)
-  print(json.dumps(run(**{k: v for k, v in vars(args).items()})))
+  print(json.dumps(run(**vars(args))))
 
 
 if __name__ == "__main__":

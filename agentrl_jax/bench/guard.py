@@ -4,7 +4,8 @@ Each benchmark (sampler, rollout, update, sandbox, async_rl) holds its JSON line
 recorded in the line as `guard`), prints it, and exits with status 1 naming each figure that fell short
 (`exit_on`). Only ratios of quantities measured side by side in the same run are checked (ours against the
 XLA:CPU step floor, a peer, the re-prefill loop, or the matmul peak of the same rounds), never absolute times,
-so a threshold holds on any machine whose load does not change faster than a round. The thresholds live here, in one table:
+so a threshold holds on any machine whose load does not change faster than a round. The thresholds live here,
+in one table:
 
   full   the benchmarks' default workloads (bench_5m / bench_58m; the README's performance table): issue 32's
          targets (the rollout's compile at what XLA:CPU can reach, see its bound), and for the update step what it

@@ -322,10 +322,10 @@ class RolloutStream:
   # ------------------------------------------------------------------------------------------------ batches
   def _new_loop(self) -> AgentLoop:
     e = self.engine
-    loop = AgentLoop(e.sampler, n=self.n, tokenizer=e.tokenizer, executor=e.executor, cfg=e.cfg,
-                     key=jax.random.fold_in(self.key, self.restarts), scripts=self.scripts, refill=True)
-    loop.tool_wait_spans = []  # for the update's blocked time (`poll_update`)
-    return loop
+    # Tool waits recorded: the update's blocked time leaves them out (`poll_update`).
+    return AgentLoop(e.sampler, n=self.n, tokenizer=e.tokenizer, executor=e.executor, cfg=e.cfg,
+                     key=jax.random.fold_in(self.key, self.restarts), scripts=self.scripts, refill=True,
+                     record_tool_waits=True)
 
   def _draw(self) -> Batch:
     rendered = self.engine.render(next(self.data_iter))

@@ -18,9 +18,10 @@ finite parameters) kept.
 The sampler reads the trainer's params directly (on `sampler_mesh`, its own layout over the same devices, when
 set: a device-to-device reshard per rollout); the synchronous loop has no weight sync (the asynchronous one,
 `rl.max_staleness` > 0, hands the stream each update's params: agentrl_jax/rl/stream.py). Several processes
-(one per host): the rollout is one SPMD program whose rows live on their hosts' devices, each host runs its own rows' tool calls
-and scores a share of the episodes, and the results are gathered so that every host makes the same decisions
-(which groups are kept, the update batch); process 0 writes metrics and samples (agentrl_jax/multihost.py).
+(one per host): the rollout is one SPMD program whose rows live on their hosts' devices, each host runs its own
+rows' tool calls and scores a share of the episodes, and the results are gathered so that every host makes the
+same decisions (which groups are kept, the update batch); process 0 writes metrics and samples
+(agentrl_jax/multihost.py).
 A run killed at any point resumes from its latest checkpoint with the same config and workdir: the checkpoint
 holds the train state, the grain iterator position, the PRNG key and the counters. With
 `rollout.overlap_tools=False` (the default) and deterministic tool outputs, every step is a deterministic

@@ -193,12 +193,14 @@ class AgentLoop:
   `scripts` (teacher forcing, as in `run_rollout`) may also be a function `episode -> turns` (episode
   `group * n + sample`) for a stream whose groups are not known in advance. `refill`: in pause mode, queued groups
   start in free slots between decode segments instead of waiting for every row to pause (a stream's slots stay
-  full; `run_rollout` keeps the batch's pause points as the only start points).
+  full; `run_rollout` keeps the batch's pause points as the only start points). `record_tool_waits`: each wait for
+  tools goes into `tool_wait_spans` as its (start, end) `time.perf_counter()`.
   """
 
   def __init__(self, sampler: Sampler, *, n: int, tokenizer, executor: Executor, cfg: RolloutConfig,
                key: jax.Array, scripts: Sequence[Sequence[Sequence[int]]] | Callable | None = None,
-               on_episode: Callable[[Episode], None] | None = None, refill: bool = False):
+               on_episode: Callable[[Episode], None] | None = None, refill: bool = False,
+               record_tool_waits: bool = False):
     _check_prompts([], n, cfg, None, sampler)
     self.procs, self.me = jax.process_count(), jax.process_index()
     if self.procs > 1 and cfg.overlap_tools:
@@ -231,7 +233,9 @@ class AgentLoop:
     self._min_stops = jnp.int32(cfg.min_tool_stops if cfg.overlap_tools else _NO_LIMIT)
     self._t_start = time.perf_counter()
     self._traces_before = dict(sampler_lib.TRACE_COUNTS)
-    self.tool_wait_spans: list[tuple[float, float]] | None = None  # a list: each tool wait's (start, end) goes in
+    # Each wait for tools as its (start, end), with `record_tool_waits` (a stream subtracts them from the time an
+    # update blocked it).
+    self.tool_wait_spans: list[tuple[float, float]] | None = [] if record_tool_waits else None
 
   # ------------------------------------------------------------------------------------------------ public API
   def add(self, prompts: Sequence[Sequence[int]], groups: Sequence[int] | None = None) -> None:
