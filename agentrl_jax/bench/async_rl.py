@@ -67,7 +67,7 @@ import jax
 import numpy as np
 
 from agentrl_jax import compile_stats, metrics_writer
-from agentrl_jax.bench import common, guard
+from agentrl_jax.bench import async_schedule, common, guard
 from agentrl_jax.bench.rollout import make_workload, tool_output
 from agentrl_jax.data.records import PromptRecord
 from agentrl_jax.models import sharding
@@ -92,7 +92,7 @@ from agentrl_jax.sampling.sampler import make_sampler
 SMOKE = ("--size", "tiny_qwen3", "--prompts", "4", "--n", "2", "--rows", "16", "--steps", "3")
 PACK_LEN = 512 + 1024  # the longest episode: max prompt + max response
 MICRO = 2  # rows per micro-batch of the update
-SIGMA = math.log(10.0) / 2.326  # lognormal with median m has p99 = m * exp(2.326 sigma) = 10 m
+SIGMA = async_schedule.SIGMA  # lognormal with median m has p99 = m * exp(2.326 sigma) = 10 m
 
 
 def remote_latency(code: str, median_s: float) -> float:
@@ -118,6 +118,21 @@ def remote_executor(median_s: float, latencies: list[float]):
     time.sleep(wait)
     return tool_output(code)
   return stub_executor(answer, max_concurrency=1024)
+
+
+def schedule_model(chains: list[float], sync_rollout_s: float, sync_wall_s: float) -> float:
+  """The speedup bench.async_schedule's model of the staleness-1 stream gives for the timed steps' own tool
+  chains (`chains`: each step's slowest episode's calls, one after another), with the synchronous run's measured
+  time a step outside them: its rollout's decode and bookkeeping (`sync_rollout_s` less the chains, spread evenly
+  over the steps) and its update (`sync_wall_s - sync_rollout_s`). The synchronous side of the model is then the
+  measured synchronous wall time; the stream's is `batch_order`'s, whose decode never waits for an update nor
+  shares a core with one. The measured speedup over this is what the host's shared cores (and the stream's
+  bookkeeping) left of the schedule's."""
+  steps = len(chains)
+  decode = max(0.0, sync_rollout_s - sum(chains)) / steps
+  update = max(0.0, sync_wall_s - sync_rollout_s) / steps
+  times = np.asarray(chains, np.float64)[:, None] + decode
+  return float(async_schedule.synchronous(times, update)[-1] / async_schedule.batch_order(times, update, 1)[-1])
 
 
 @dataclasses.dataclass
@@ -279,9 +294,11 @@ def run(args) -> dict:
 
   speedups = ratio(best["async"][1], best["sync"][1])
   per_step = args.prompts * args.n
-  chain_s = sum(slowest_tool_chain(tok, scripts[s * per_step:(s + 1) * per_step], args.tool_median_s)
-                for s in range(args.warmup, steps_total))
+  chains = [slowest_tool_chain(tok, scripts[s * per_step:(s + 1) * per_step], args.tool_median_s)
+            for s in range(args.warmup, steps_total)]
+  chain_s = sum(chains)
   a, s = res[("async", best["async"][1])], res[("sync", best["sync"][1])]
+  model = schedule_model(chains, s["rollout_s"], s["wall_s"])
   out = {
       "bench": "async_rl", "size": args.size, "prompts": args.prompts, "n": args.n, "rows": args.rows,
       "sync_rows": sync_rows, "tool_turns": args.tool_turns, "steps": args.steps, "warmup": args.warmup,
@@ -296,6 +313,9 @@ def run(args) -> dict:
       "async_partial_frac": a["partial_frac"], "async_batches_ready": a["batches_ready"],
       # The timed steps' slowest episodes' own tool waits: the synchronous loop waits at least that long.
       "tool_chain_s": chain_s, "sync_tool_chain_frac": chain_s / s["wall_s"],
+      # What the staleness-1 schedule allows on these very draws (decode and update never sharing a core):
+      # the measured speedup's ceiling on an accelerator, and how much of it this host reached.
+      "schedule_model_speedup": model, "async_over_model": float(np.median(speedups)) / model,
       # How full the cores were over the timed steps; 1 / the synchronous one: the speedup of the synchronous
       # loop's CPU work done with every core busy throughout (overlap gains no more unless it saves work).
       "sync_cpu_busy_frac": s["cpu_busy_frac"],

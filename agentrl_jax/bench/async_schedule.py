@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import numpy as np
 
-from agentrl_jax.bench.async_rl import SIGMA
+SIGMA = math.log(10.0) / 2.326  # the calls' lognormal: median m, p99 = m * exp(2.326 sigma) = 10 m
 
 
 def group_times(rng: np.random.Generator, steps: int, prompts: int, n: int, tool_turns: int, tool_median_s: float,

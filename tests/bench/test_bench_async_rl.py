@@ -48,6 +48,16 @@ def test_slowest_tool_chain_sums_an_episodes_calls_and_takes_the_slowest_episode
   assert async_rl.slowest_tool_chain(tok, [[answer]], 0.2) == 0.0
 
 
+def test_schedule_model_replays_the_staleness_1_schedule_on_the_measured_draws():
+  # Four steps, each slowest chain 1 s, the synchronous run's decode 0.1 s a step (4.4 s of rollout) and update
+  # 0.5 s (6.4 s of wall). Synchronous: 4 x 1.6 = 6.4 s. The stream (batch j starts once update j - 2 ended):
+  # T0 = 1.1 + .5 = 1.6, T1 = max(1.6, 1.1) + .5 = 2.1, T2 = max(2.1, 1.6 + 1.1) + .5 = 3.2,
+  # T3 = max(3.2, 2.1 + 1.1) + .5 = 3.7.
+  assert async_rl.schedule_model([1.0] * 4, 4.4, 6.4) == pytest.approx(6.4 / 3.7, rel=1e-12)
+  # Without tools the stream has no waits to fill, only decode beside the update: 4 x 0.6 against 0.6 + 3 x 0.5.
+  assert async_rl.schedule_model([0.0] * 4, 0.4, 2.4) == pytest.approx(2.4 / 2.1, rel=1e-12)
+
+
 @pytest.mark.slow
 def test_bench_async_rl_prints_one_json_line(capsys):
   async_rl.main(["--size", "tiny_qwen3", "--steps", "1", "--warmup", "4", "--prompts", "2", "--n", "2",
@@ -74,3 +84,5 @@ def test_bench_async_rl_prints_one_json_line(capsys):
   # One timed step of 2 x 2 episodes, each with one call: the slowest call of the four bounds the sync loop.
   assert 0 < out["tool_chain_s"] <= out["sync_pause_rollout_s"]
   assert out["sync_tool_chain_frac"] == pytest.approx(out["tool_chain_s"] / out[f"sync_{out['sync_schedule']}_wall_s"])
+  assert out["schedule_model_speedup"] >= 1 and out["async_over_model"] == pytest.approx(
+      out["speedup"] / out["schedule_model_speedup"])
