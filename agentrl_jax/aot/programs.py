@@ -249,12 +249,14 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
                    "sets it)")
   # Asynchronous runs keep the rollout stream alive across updates: its KV cache (at its largest capacity, which
   # it keeps once reached) and the sampler's weights stay in HBM on the sampler's devices while the trainer's
-  # programs run; with async_weight_sync_segments > 0 a second copy of the sampler's weights (the next version)
-  # waits beside the one decoding. An evaluation runs on a stopped stream (`RolloutStream.stop`: its cache freed,
-  # one version of the weights, which the evaluation decodes with), as a synchronous run's does.
+  # programs run; with delayed weights (async_weight_sync_segments > 0, or on arrival) a second copy of the
+  # sampler's weights (the next version) waits beside the one decoding. An evaluation runs on a stopped stream
+  # (`RolloutStream.stop`: its cache freed, one version of the weights, which the evaluation decodes with), as a
+  # synchronous run's does.
   rollout = [p for p in programs if p.name.startswith("rollout/")]
   streaming = bool(rl.get("max_staleness"))
-  delayed = streaming and int(rl.get("async_weight_sync_segments") or 0) > 0
+  delayed = streaming and (int(rl.get("async_weight_sync_segments") or 0) > 0
+                           or rl.get("async_weight_sync") == "arrival")
   stream_cache = int(max((p.scale_bytes for p in rollout if p.name == "rollout/init"), default=0)) if streaming else 0
   copy = int(max((p.fixed_bytes for p in rollout), default=0))  # the sampler's weights, per device
   if disaggregated:
@@ -288,7 +290,8 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
                  + " stay in HBM beside " + ("the weight transfer" if disaggregated else
                                              "the update and the scoring pass")
                  + "; an evaluation stops the stream first (its cache freed)"
-                 + (f"; async_weight_sync_segments > 0 keeps the next weights beside those decoding "
+                 + (f"; delayed weights (async_weight_sync_segments > 0 or async_weight_sync='arrival') keep "
+                    f"the next version beside the one decoding "
                     f"({copy / 2**30:.2f} GiB a sampler device)" if delayed else ""))
   for p in programs:
     if p.name.startswith("rollout/"):

@@ -108,9 +108,10 @@ def rl_config(**model) -> ml_collections.ConfigDict:
       # token trained at most this many policy versions after it was drawn; 0 is the synchronous loop (the
       # recipe's). Placement colocated | disaggregated (async_sampler_devices of the devices sample); partial
       # rollouts continue on their cache or recompute it under new weights; weights reach the sampler
-      # async_weight_sync_segments decode segments after their update was dispatched.
+      # async_weight_sync_segments decode segments after their update was dispatched (async_weight_sync
+      # "segments": deterministic), or once they have arrived ("arrival": never waiting, not reproducible).
       max_staleness=0, async_placement="colocated", async_partial="continue", async_weight_sync_segments=0,
-      async_sampler_devices=0,
+      async_sampler_devices=0, async_weight_sync="segments",
       loss=dict(policy_loss="ppo_clip", clip_low=0.2, clip_high=0.28, dual_clip_c=10.0, loss_agg_mode="token-mean",
                 entropy_coeff=0.0, kl_coeff=0.0, kl_type="low_var_kl",
                 # Off-policy correction between the sampler (behaviour) and the trainer's recomputation

@@ -27,9 +27,17 @@ version), never on clocks: with the same seed and config an asynchronous run is 
 synchronous loop is (with `rollout.overlap_tools`, when a row resumes after its tool call follows the tools'
 timing, as in the synchronous loop). Weights reach the sampler at the first decode segment after
 `weight_sync_segments` segments since the update was dispatched (0: the next segment, the colocated default,
-which waits for the update's results; more: the segments before decode on the old weights, beside the update).
+which waits for the update's results; more: the segments before decode on the old weights, beside the update on
+devices of their own; on the trainer's devices, which run programs in dispatch order, after it).
 Updates dispatched before any of their segments ran are superseded by the newest: the sampler keeps at most
 one pending copy of the weights a segment count, and takes only the newest of those that fall due together.
+When nothing can run without new weights, it takes the oldest pending version that lets the next batch start
+(whose update finishes first; the newer keep their countdown), and groups queued to start count as something that
+can run: batch b + 1 complete beside b, the two updates dispatched back to back, batch b + 2 (admitted under update
+b's weights) starts on them, on devices of its own without waiting for update b + 1 (on the trainer's devices its
+segments run after update b + 1 whatever weights they read). `weight_sync="arrival"` trades determinism for never
+waiting: weights fall due at the first segment after they have been computed (and moved), as verl's fully-async
+and AReaL's rollouts take them.
 
 Checkpoints and evaluations (`stop`, `state_dict` / `load_state_dict`): the stream stops before either: it
 aborts the groups in flight (their partial episodes are dropped; they restart from their prompts) and frees its
@@ -45,6 +53,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -59,6 +68,7 @@ from agentrl_jax.rollout.episode import Episode
 
 PLACEMENTS = ("colocated", "disaggregated")
 PARTIAL_MODES = ("continue", "recompute")
+WEIGHT_SYNCS = ("segments", "arrival")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,12 +84,18 @@ class AsyncConfig:
       or "recompute" it under the new weights first (AReaL's interruptible rollouts).
     weight_sync_segments: decode segments the sampler runs on its old weights after an update is dispatched
       before the new ones reach it (count-based, so runs stay deterministic); 0 = the next segment, which waits
-      for the update (and, disaggregated, its transfer). More than 0 lets those segments run while the update
-      computes: colocated on a copy of the weights the stream keeps (one more copy of the sampler's weights in
-      device memory), disaggregated on the sampler's own devices, where about (update seconds / decode segment
-      seconds) keeps the sampler busy through the update.
+      for the update (and, disaggregated, its transfer). More than 0 lets those segments run on the old weights:
+      colocated on a copy the stream keeps (one more copy of the sampler's weights in device memory), still
+      after the update, as a device runs its programs in dispatch order; disaggregated on the sampler's own
+      devices, beside the update, where about (update seconds / decode segment seconds) keeps the sampler busy
+      through it.
     sampler_devices: disaggregated: devices of the sampler (the last ones of the process's devices; the
       trainer keeps the rest).
+    weight_sync: when new weights reach the sampler: "segments" (`weight_sync_segments` decode segments after
+      the update's dispatch: counts, so a run is a function of its seed and config) or "arrival" (at the first
+      decode segment after they have been computed, and moved: a disaggregated sampler never waits for an update
+      unless nothing else can run, as verl's fully-async and AReaL's rollouts take weights; which tokens each
+      version draws then follows the clock, so a rerun is not bit for bit the same).
   """
 
   max_staleness: int = 0
@@ -87,6 +103,7 @@ class AsyncConfig:
   partial: str = "continue"
   weight_sync_segments: int = 0
   sampler_devices: int = 0
+  weight_sync: str = "segments"
 
   def __post_init__(self):
     for f in ("max_staleness", "weight_sync_segments", "sampler_devices"):
@@ -97,6 +114,8 @@ class AsyncConfig:
       raise ValueError(f"AsyncConfig.placement: must be one of {PLACEMENTS}, got {self.placement!r}")
     if self.partial not in PARTIAL_MODES:
       raise ValueError(f"AsyncConfig.partial: must be one of {PARTIAL_MODES}, got {self.partial!r}")
+    if self.weight_sync not in WEIGHT_SYNCS:
+      raise ValueError(f"AsyncConfig.weight_sync: must be one of {WEIGHT_SYNCS}, got {self.weight_sync!r}")
     if self.placement == "disaggregated" and self.sampler_devices < 1:
       raise ValueError("AsyncConfig.sampler_devices: the disaggregated placement needs >= 1 sampler device")
     if self.placement == "disaggregated" and not self.enabled:
@@ -107,6 +126,11 @@ class AsyncConfig:
   @property
   def enabled(self) -> bool:
     return self.max_staleness > 0
+
+  @property
+  def delayed(self) -> bool:
+    """The sampler may decode on older weights while an update computes (it keeps its own copy, colocated)."""
+    return self.weight_sync == "arrival" or self.weight_sync_segments > 0
 
   @classmethod
   def from_rl(cls, rl) -> AsyncConfig:
@@ -237,20 +261,32 @@ class RolloutStream:
       return
     # A pending copy no decode segment has counted down since (as many segments left) would fall due with this
     # one and be replaced at once: drop it now rather than hold its weights (or its transfer) until then.
-    while self._pending and self._pending[-1][2] >= self.cfg.weight_sync_segments:
+    while self._pending and self._pending[-1][2] >= self._countdown:
       self._pending.pop()
     # Disaggregated with delayed weights, the transfer is dispatched once the update has produced these params
     # (`_dispatch_transfers`), not now: queued now, it would hold every decode segment dispatched after it on the
     # sampler's devices (which run their programs in order) until the update ends, the overlap asked for lost.
-    deferred = self.cfg.placement == "disaggregated" and self.cfg.weight_sync_segments > 0
-    self._pending.append([version, params if deferred else self._placed(params), self.cfg.weight_sync_segments,
+    deferred = self.cfg.placement == "disaggregated" and self.cfg.delayed
+    self._pending.append([version, params if deferred else self._placed(params), self._countdown,
                           deferred])
+
+  @property
+  def _countdown(self) -> float:
+    """Decode segments new weights wait before they fall due (arrival: until they have arrived)."""
+    return math.inf if self.cfg.weight_sync == "arrival" else self.cfg.weight_sync_segments
+
+  def _arrived(self) -> None:
+    """Arrival: the pending weights that have been computed (and moved) fall due."""
+    if self.cfg.weight_sync == "arrival":
+      for p in self._pending:
+        if not p[3] and _ready(p[1]):
+          p[2] = 0
 
   def _placed(self, params):
     """The trainer's params as the sampler's weights (`place`: a transfer, a reshard or the same arrays)."""
     t0 = time.perf_counter()
     placed = self.place(params)
-    if self.cfg.placement == "colocated" and self.cfg.weight_sync_segments:
+    if self.cfg.placement == "colocated" and self.cfg.delayed:
       # The sampler keeps decoding on the previous weights while the update computes: they must be its own
       # copy, as the update overwrites the trainer's arrays in place (donation).
       placed = _copy(placed)
@@ -301,10 +337,16 @@ class RolloutStream:
     first = max(self._watches[0][0], self._watch_done) if self._watches else float("inf")
     spans[:] = [(s, e) for s, e in spans if e > first]
 
-  def _apply_weights(self, force: bool = False, count: bool = True) -> None:
+  def _unblock_version(self, version: int) -> int:
+    """The oldest sampler version under which the next batch to start is admissible (the trainer at `version`)."""
+    return version + (self.next_admit - self.consumed) - self.cfg.max_staleness
+
+  def _apply_weights(self, force: bool = False, count: bool = True, upto: int | None = None) -> None:
+    """Hands the sampler the newest pending weights that fall due (`force`: all of them, or with `upto` the newest
+    of those due and the oldest version >= `upto`, whichever is newer; the newer ones keep counting down)."""
     while self._pending and (force or self._pending[0][2] <= 0):
       version, params, _, deferred = self._pending.popleft()
-      if self._pending and (force or self._pending[0][2] <= 0):
+      if self._pending and (self._pending[0][2] <= 0 or (force and (upto is None or version < upto))):
         continue  # a newer copy falls due now too: take only that one
       if deferred:  # due before the update had finished: the transfer is dispatched now, and waited for
         params = self._placed(params)
@@ -318,6 +360,8 @@ class RolloutStream:
         t0 = time.perf_counter()
         self.stats.recomputed_tokens += self.loop.recompute(params)
         self.stats.recompute_s += time.perf_counter() - t0
+      if upto is not None and version >= upto:
+        return
 
   # ------------------------------------------------------------------------------------------------ batches
   def _new_loop(self) -> AgentLoop:
@@ -391,7 +435,13 @@ class RolloutStream:
     while True:
       self.poll_update(t0)
       self._dispatch_transfers()
-      self._apply_weights(force=self._blocked(target, version))
+      self._arrived()
+      blocked = self._blocked(target, version)
+      # Blocked with delayed weights (weight_sync_segments > 0, or arrival): the oldest pending version that lets
+      # the next batch start, not the newest, so the sampler waits only for the update that produced it. Newer
+      # weights keep their countdown.
+      upto = self._unblock_version(version) if blocked and self.cfg.delayed else None
+      self._apply_weights(force=blocked, upto=upto)
       self._admit(version, last=target if drain else None)
       b = self.batches.get(target)
       if b is not None and b.complete and not (drain and self.loop.busy):
@@ -426,7 +476,8 @@ class RolloutStream:
     admission waits for the version), so waiting for more decode segments would never end."""
     if not self._pending:
       return False
-    return not self.loop.busy or (self.loop.occupied == 0 and not self._admissible(self.next_admit, version))
+    return not self.loop.busy or (self.loop.occupied == 0 and not self.loop.queue
+                                  and not self._admissible(self.next_admit, version))
 
   # ------------------------------------------------------------------------------------------------ stats
   def take_stats(self) -> StreamStats:

@@ -98,10 +98,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       raise ValueError(f"rl.pack_len needs rl.loss.loss_agg_mode='token-mean' (a packed row holds several "
                        f"sequences), got {loss_cfg.loss_agg_mode!r}")
   async_cfg = stream_lib.AsyncConfig.from_rl(rl)
-  if async_cfg.placement == "disaggregated" and not async_cfg.weight_sync_segments:
+  if async_cfg.placement == "disaggregated" and not async_cfg.delayed:
     log.warning("rl: disaggregated with rl.async_weight_sync_segments=0: the sampler takes each update's weights "
                 "at its next decode segment, so it waits for every update and its transfer (nothing decodes beside "
-                "them); about (update seconds / decode segment seconds) decodes on the old weights meanwhile")
+                "them); about (update seconds / decode segment seconds) decodes on the old weights meanwhile, or "
+                "rl.async_weight_sync='arrival' takes them once they have arrived")
   if loss_cfg.needs_proximal_logp and rl.reuse_sampler_logp:
     raise ValueError("rl.loss sets an off-policy correction, which weighs the trainer's recomputed log-probs (the "
                      "proximal policy) against the sampler's (the behaviour policy); rl.reuse_sampler_logp=True "

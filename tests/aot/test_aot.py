@@ -158,6 +158,8 @@ def test_asynchronous_plans_count_the_streams_cache_and_weight_copies_beside_eac
   state = sync["rollout/decode"].resident + copy  # the whole train state: the sampler no longer reads it in place
   assert delayed["rollout/decode"].resident == state + copy
   assert delayed["eval/decode"].resident == state  # the stream's one copy is its argument
+  arrival = plan(**{"rl.max_staleness": 1, "rl.async_weight_sync": "arrival"})  # delayed too: the same copies
+  assert {n: p.resident for n, p in arrival.items()} == {n: p.resident for n, p in delayed.items()}
   dis = dict(**{"rl.max_staleness": 1, "rl.async_placement": "disaggregated", "rl.async_sampler_devices": 4,
                 "sampler_mesh.tensor": -1})
   split = plan(**dis)

@@ -1,6 +1,7 @@
 """The rollout stream on one mesh (colocated): with delayed weights the sampler decodes on its own copy of the old
 weights while the update, which overwrites the trainer's arrays in place, computes the new ones; updates dispatched
-with no segment between them are superseded, not stacked; the staleness guard; the settings it refuses."""
+with no segment between them are superseded, not stacked, unless the next batch needs the older one; weights taken on
+arrival; the staleness guard; the settings it refuses."""
 
 from flax import nnx
 import jax
@@ -119,6 +120,57 @@ def test_updates_that_no_segment_counted_down_are_superseded_not_stacked():
     ex.close()
 
 
+def _versions(batch):
+  return [e.versions[e.versions >= 0].tolist() for eps, _ in batch.groups.values() for e in eps]
+
+
+def test_a_batch_admitted_under_the_previous_weights_starts_on_them_not_on_the_newest():
+  # Staleness 1, two segments of delay, one episode a batch (ep = batch). Batch 1 finishes beside the long batch
+  # 0, so the trainer takes it at once after update 0: updates 0 and 1 are dispatched back to back. Batch 2,
+  # queued under version 1 when the trainer dispatches update 1, starts on version 1 (a queued group is something
+  # the sampler can run: it is not blocked) and takes version 2 two segments later, instead of waiting before its
+  # first token for both updates.
+  stream, params, ex = _stream(stream_lib.AsyncConfig(max_staleness=1, weight_sync_segments=2),
+                               lambda ep: "short" if ep == 1 else "long")
+  try:
+    stream.next_batch(params, version=0)
+    params = jax.tree.map(lambda x: x + 0, params)
+    b1 = stream.next_batch(params, version=1)
+    # Complete already: nothing could run, so version 1 was taken at once and batch 2 admitted (queued) on it.
+    assert set(_versions(b1)[0]) == {0} and stream._sampler_version == 1 and stream.in_flight_groups == 1
+    params = jax.tree.map(lambda x: x + 0, params)
+    b2 = stream.next_batch(params, version=2)
+    (drawn,) = _versions(b2)
+    assert drawn == sorted(drawn) and drawn[0] == 1 and drawn[-1] == 2
+    assert drawn.count(1) == 1 + 2 * SEG  # the prefill's draw and two segments
+  finally:
+    ex.close()
+
+
+def test_arrival_weights_wait_until_computed_unless_nothing_else_can_run(monkeypatch):
+  arrived = [False]
+  monkeypatch.setattr(stream_lib, "_ready", lambda tree: arrived[0])
+  stream, params, ex = _stream(stream_lib.AsyncConfig(max_staleness=1, weight_sync="arrival"),
+                               lambda ep: "short" if ep == 1 else "long")
+  try:
+    stream.next_batch(params, version=0)
+    params = jax.tree.map(lambda x: x + 0, params)
+    stream.next_batch(params, version=1)  # not arrived, but nothing could run without it: taken
+    assert stream._sampler_version == 1
+    params = jax.tree.map(lambda x: x + 0, params)
+    b2 = stream.next_batch(params, version=2)
+    # Version 2 never arrived while batch 2 ran: every token of it drawn by version 1. Once batch 2 had finished,
+    # nothing could run without version 2 (batch 3 needs it): taken then, batch 3 queued under it.
+    assert set(_versions(b2)[0]) == {1} and stream._sampler_version == 2 and stream.in_flight_groups == 1
+    arrived[0] = True
+    params = jax.tree.map(lambda x: x + 0, params)
+    b3 = stream.next_batch(params, version=3)
+    # Version 3 arrived before batch 3's first segment: taken at once, every token of batch 3 drawn by it.
+    assert set(_versions(b3)[0]) == {3} and not stream._pending and stream.stats.weight_syncs == 3
+  finally:
+    ex.close()
+
+
 def test_a_group_older_than_the_bound_at_consumption_is_dropped_and_counted():
   # Every step consumes a batch, so admission keeps every group within the bound; a trainer that skipped
   # versions (here 0 -> 3) would break it, and the stream's guard drops the stale group instead of training it.
@@ -136,10 +188,15 @@ def test_async_config_refuses_settings_that_cannot_run_as_asked():
   ok = stream_lib.AsyncConfig.from_rl({"max_staleness": 2, "async_placement": "disaggregated",
                                        "async_sampler_devices": 4, "async_weight_sync_segments": 3})
   assert (ok.max_staleness, ok.placement, ok.sampler_devices, ok.weight_sync_segments) == (2, "disaggregated", 4, 3)
+  assert ok.weight_sync == "segments" and ok.delayed
+  arrival = stream_lib.AsyncConfig.from_rl({"max_staleness": 1, "async_weight_sync": "arrival"})
+  assert arrival.weight_sync == "arrival" and arrival.weight_sync_segments == 0 and arrival.delayed
+  assert not stream_lib.AsyncConfig(max_staleness=1).delayed
   for kw, msg in [(dict(max_staleness=-1), "max_staleness: must be an int >= 0"),
                   (dict(max_staleness=True), "max_staleness: must be an int >= 0"),
                   (dict(max_staleness=1, placement="split"), "placement: must be one of"),
                   (dict(max_staleness=1, partial="restart"), "partial: must be one of"),
+                  (dict(max_staleness=1, weight_sync="eventually"), "weight_sync: must be one of"),
                   (dict(max_staleness=1, placement="disaggregated"), "needs >= 1 sampler device"),
                   # a synchronous loop on half the devices each, with a transfer every step, is not what was asked
                   (dict(placement="disaggregated", sampler_devices=4), "set max_staleness >= 1")]:
