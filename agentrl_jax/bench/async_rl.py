@@ -16,7 +16,10 @@ model's forward and draw), then one real GRPO update (forward, backward, AdamW) 
           steps' episodes, so the next batch can fill what the current one frees): slots refill from the next
           batch while the current one finishes, the update is dispatched without waiting, and the sampler takes
           the new weights at its next decode segment (partial rollouts), or `--weight-sync-segments` k segments
-          later (decoding those on the stream's copy of the old weights, beside the update).
+          later (decoding those on the stream's copy of the old weights), or once they have arrived
+          (`--weight-sync arrival`). `--placement disaggregated` puts its sampler on a second device (on a CPU
+          host the process gets two, which share its cores): its segments run beside the update instead of
+          after it, as a device runs its programs in dispatch order.
 
 The clock holds the same work in both: the timed steps' rollouts and updates. The stream's last warm-up step and
 its last timed step are drained (`next_batch(drain=True)`: no later batch starts), so no timed batch decodes before
@@ -39,7 +42,10 @@ everything); speedup = async / sync tok/s, each at its faster schedule (speedup_
 was complete before the trainer asked for it (it finished beside the one before, so their two updates run back to
 back); tool_latency_p50_s / p99_s: of the calls made; tool_chain_s: the sum over the timed steps of the step's
 slowest episode's own tool waits (its calls' latencies, one after another), sync_tool_chain_frac: that over the
-synchronous wall time (the synchronous loop cannot wait less); per mode and schedule, *_wall_s (timed steps),
+synchronous wall time (the synchronous loop cannot wait less); schedule_model_speedup: bench.async_schedule's
+staleness-1 model replayed on those chains with the synchronous run's measured decode and update time a step
+(decode and update never sharing a device or a core: the ceiling of speedup on this workload), async_over_model:
+speedup over it; per mode and schedule, *_wall_s (timed steps),
 *_rollout_s (the trainer waiting for its batch: the whole rollout when synchronous), *_tool_wait_s (the loop blocked
 on tools with nothing to decode), *_decode_calls, *_rows_per_call (rows decoding per call, of `--rows`), *_cpu_s
 (CPU seconds of the process over the timed steps) and *_traces (programs compiled during the timed steps, by JAX's
@@ -77,6 +83,7 @@ from agentrl_jax.models.qwen import Qwen
 from agentrl_jax.rl import batch as batch_lib
 from agentrl_jax.rl import losses
 from agentrl_jax.rl import stream as stream_lib
+from agentrl_jax.rl import transfer as transfer_lib
 from agentrl_jax.rl import update as update_lib
 from agentrl_jax.rollout import agent_loop
 from agentrl_jax.rollout.chat import stop_token_ids
@@ -204,7 +211,14 @@ def run(args) -> dict:
     rows = args.rows if mode == "async" else sync_rows
     rcfg = cfg.replace(overlap_tools=overlap, batch_size=rows)
     sampling = agent_loop.sampling_config(tok, rcfg, temperature=1.0)
-    sampler = make_sampler(graphdef, cfg_m, sampling, batch=rows, n_forced=longest)
+    apart = mode == "async" and args.placement == "disaggregated"
+    if apart:  # the sampler on the second device, the trainer on the first; weights moved after each update
+      smesh = sharding.make_mesh(1, -1, 1, devices=jax.devices()[1:2])
+      sampler = make_sampler(graphdef, cfg_m, sampling, batch=rows, n_forced=longest, mesh=smesh,
+                             params=nnx.state(model))
+      move = transfer_lib.WeightTransfer(shardings.params, sampler.param_shardings)
+    else:
+      sampler = make_sampler(graphdef, cfg_m, sampling, batch=rows, n_forced=longest)
     _, state = fresh_state()
     script_fn = lambda ep: scripts[ep]  # noqa: E731  # episode group * n + sample of the global prompt list
     key = jax.random.key(1)
@@ -214,9 +228,12 @@ def run(args) -> dict:
       if mode == "async":
         engine = _Engine(sampler, tok, executor, rcfg, prompts)
         data = iter(_records(args.prompts, s) for s in range(10 ** 6))
-        acfg = stream_lib.AsyncConfig(max_staleness=1, weight_sync_segments=args.weight_sync_segments)
+        acfg = stream_lib.AsyncConfig(max_staleness=1, weight_sync_segments=args.weight_sync_segments,
+                                      placement=args.placement, sampler_devices=int(apart),
+                                      weight_sync=args.weight_sync)
+        place = (lambda params: sampler.place_params(move(params))) if apart else None  # noqa: E731
         stream = stream_lib.RolloutStream(engine, data, acfg, n=args.n, prompts_per_step=args.prompts, key=key,
-                                          score=lambda eps, rec: None, scripts=script_fn)
+                                          score=lambda eps, rec: None, scripts=script_fn, place=place)
       for step in range(steps_total):
         if step == args.warmup:
           jax.block_until_ready(state)
@@ -303,6 +320,7 @@ def run(args) -> dict:
       "bench": "async_rl", "size": args.size, "prompts": args.prompts, "n": args.n, "rows": args.rows,
       "sync_rows": sync_rows, "tool_turns": args.tool_turns, "steps": args.steps, "warmup": args.warmup,
       "rounds": args.rounds, "tool_median_s": args.tool_median_s, "weight_sync_segments": args.weight_sync_segments,
+      "placement": args.placement, "weight_sync": args.weight_sync,
       "sync_tok_s": best["sync"][0], "async_tok_s": best["async"][0],
       "sync_schedule": "overlap" if best["sync"][1] else "pause",
       "async_schedule": "overlap" if best["async"][1] else "pause",
@@ -350,14 +368,24 @@ def main(argv=None):
   p.add_argument("--cache-min", type=int, default=PACK_LEN,
                  help="the KV cache's first capacity (default the longest episode: one capacity, no grow programs)")
   p.add_argument("--weight-sync-segments", type=int, default=0,
-                 help="async: decode segments on the old weights (the stream's copy) while the update computes")
+                 help="async: decode segments on the old weights (the stream's copy) after an update's dispatch")
+  p.add_argument("--placement", choices=stream_lib.PLACEMENTS, default="colocated",
+                 help="async: the sampler on the trainer's device, or on a second one (disaggregated; on a CPU host "
+                      "the process gets two devices, which share its cores)")
+  p.add_argument("--weight-sync", choices=stream_lib.WEIGHT_SYNCS, default="segments",
+                 help="async: new weights reach the sampler after --weight-sync-segments segments (deterministic), "
+                      "or once they have arrived (arrival)")
   args, scale = guard.parse_args(p, argv, SMOKE)
   if args.warmup < 4 or args.steps < 1 or args.rounds < 1:
     p.error("--warmup must be >= 4 (a drained stream restarted on updated weights, its refills and the drained "
             "last step: the programs the timed steps run), --steps and --rounds >= 1")
   if args.rows < args.prompts * args.n or (args.sync_rows or args.prompts * args.n) < args.n:
     p.error("--rows must hold one step's episodes (prompts x n), --sync-rows at least one group (n)")
+  if args.placement == "disaggregated":
+    common.host_devices(2)  # a CPU host's second device: before the backend starts
   common.start_backend("async_rl")
+  if args.placement == "disaggregated" and len(jax.devices()) < 2:
+    p.error(f"--placement disaggregated needs two devices, {jax.default_backend()} has {len(jax.devices())}")
   line = run(args)
   failures = guard.judge("async_rl", line, scale, args.check)
   print(json.dumps(line), flush=True)

@@ -125,6 +125,15 @@ def log(msg: str) -> None:
   print(msg, file=sys.stderr, flush=True)
 
 
+def host_devices(n: int) -> None:
+  """Gives the CPU backend `n` devices (XLA's host platform device count), unless XLA_FLAGS already sets a count.
+  Call before the backends start. The devices share the host's cores; what they add is separate execution
+  streams: programs on one device run one after another in dispatch order, on two devices side by side."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "--xla_force_host_platform_device_count" not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+
+
 def start_backend(bench: str) -> str | None:
   """Starts JAX's backends (the first device query) with this process's native stderr sent to a log file, so the
   console keeps the benchmark's own lines: an installed libtpu on a machine without a TPU writes its probing

@@ -2,11 +2,14 @@
 
 import json
 import math
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 
-from agentrl_jax.bench import async_rl
+from agentrl_jax.bench import async_rl, common
 from agentrl_jax.models import tokenizer as tokenizer_lib
 
 
@@ -86,3 +89,27 @@ def test_bench_async_rl_prints_one_json_line(capsys):
   assert out["sync_tool_chain_frac"] == pytest.approx(out["tool_chain_s"] / out[f"sync_{out['sync_schedule']}_wall_s"])
   assert out["schedule_model_speedup"] >= 1 and out["async_over_model"] == pytest.approx(
       out["speedup"] / out["schedule_model_speedup"])
+
+
+def test_host_devices_adds_the_count_to_xla_flags_once(monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+  common.host_devices(2)
+  assert os.environ["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=2"
+  common.host_devices(4)  # a count already set (by the user, or a test harness) is left as it is
+  assert os.environ["XLA_FLAGS"].count("device_count") == 1 and os.environ["XLA_FLAGS"].endswith("=2")
+
+
+@pytest.mark.slow
+def test_bench_async_rl_runs_the_sampler_on_a_second_device_with_weights_on_arrival():
+  # A fresh process: the benchmark gives the CPU backend its second device before the backend starts.
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  out = subprocess.run(
+      [sys.executable, "-m", "agentrl_jax.bench.async_rl", "--size", "tiny_qwen3", "--steps", "1", "--warmup", "4",
+       "--prompts", "2", "--n", "2", "--tool-turns", "1", "--tool-median-s", "0.02", "--rows", "8", "--no-check",
+       "--placement", "disaggregated", "--weight-sync", "arrival"],
+      env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  line = json.loads(out.stdout.strip().splitlines()[-1])
+  assert (line["placement"], line["weight_sync"]) == ("disaggregated", "arrival") and line["trained_tokens_equal"]
+  assert line["async_staleness_max"] <= 1 and line["async_tok_s"] > 0
