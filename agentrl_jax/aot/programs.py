@@ -165,8 +165,8 @@ def _rl_update_seq(config: ml_collections.ConfigDict) -> list[int]:
 
 def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan:
   rl = config.rl
-  stream_lib.AsyncConfig.from_rl(rl)  # the run's checks of the asynchronous settings, as clear ValueErrors
-  disaggregated = rl.get("async_placement") == "disaggregated"
+  async_cfg = stream_lib.AsyncConfig.from_rl(rl)  # the run's checks of the asynchronous settings, as ValueErrors
+  disaggregated = async_cfg.placement == "disaggregated"
   if disaggregated:  # the trainer and the sampler each on their own part of the slice (rl/transfer.py)
     devs = list(t.devices)
     trainer_devs, sampler_devs = transfer_lib.split_devices(rl.async_sampler_devices, devs)
@@ -254,9 +254,8 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
   # (`RolloutStream.stop`: its cache freed, one version of the weights, which the evaluation decodes with), as a
   # synchronous run's does.
   rollout = [p for p in programs if p.name.startswith("rollout/")]
-  streaming = bool(rl.get("max_staleness"))
-  delayed = streaming and (int(rl.get("async_weight_sync_segments") or 0) > 0
-                           or rl.get("async_weight_sync") == "arrival")
+  streaming = async_cfg.enabled
+  delayed = streaming and async_cfg.delayed
   stream_cache = int(max((p.scale_bytes for p in rollout if p.name == "rollout/init"), default=0)) if streaming else 0
   copy = int(max((p.fixed_bytes for p in rollout), default=0))  # the sampler's weights, per device
   if disaggregated:
