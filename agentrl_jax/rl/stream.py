@@ -437,11 +437,10 @@ class RolloutStream:
       self._dispatch_transfers()
       self._arrived()
       blocked = self._blocked(target, version)
-      # Blocked with delayed weights (weight_sync_segments > 0, or arrival): the oldest pending version that lets
-      # the next batch start, not the newest, so the sampler waits only for the update that produced it. Newer
-      # weights keep their countdown.
-      upto = self._unblock_version(version) if blocked and self.cfg.delayed else None
-      self._apply_weights(force=blocked, upto=upto)
+      # Blocked: the oldest pending version that lets the next batch start, not the newest, so the sampler waits
+      # only for the update that produced it; newer weights keep their countdown (undelayed, every pending copy
+      # is due and the newest is taken).
+      self._apply_weights(force=blocked, upto=self._unblock_version(version) if blocked else None)
       self._admit(version, last=target if drain else None)
       b = self.batches.get(target)
       if b is not None and b.complete and not (drain and self.loop.busy):

@@ -61,7 +61,7 @@ def _run(weight_sync_segments: int):
     drawn = []
     for version in range(3):
       b = stream.next_batch(trainer, version=version)
-      drawn.append([e.versions[e.versions >= 0].tolist() for e in b.groups[0][0]])
+      drawn.append(_versions(b))
       # The update donates the trainer's state: its arrays are overwritten in place, here deleted.
       new = jax.tree.map(lambda x: x.copy(), p1 if version % 2 == 0 else p0)
       jax.tree.map(lambda x: x.delete(), trainer)
