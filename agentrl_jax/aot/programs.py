@@ -255,7 +255,7 @@ def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan
   # synchronous run's does.
   rollout = [p for p in programs if p.name.startswith("rollout/")]
   streaming = async_cfg.enabled
-  delayed = streaming and async_cfg.delayed
+  delayed = async_cfg.delayed
   stream_cache = int(max((p.scale_bytes for p in rollout if p.name == "rollout/init"), default=0)) if streaming else 0
   copy = int(max((p.fixed_bytes for p in rollout), default=0))  # the sampler's weights, per device
   if disaggregated:

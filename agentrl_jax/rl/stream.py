@@ -129,8 +129,9 @@ class AsyncConfig:
 
   @property
   def delayed(self) -> bool:
-    """The sampler may decode on older weights while an update computes (it keeps its own copy, colocated)."""
-    return self.weight_sync == "arrival" or self.weight_sync_segments > 0
+    """The sampler may decode on older weights while an update computes (it keeps its own copy, colocated): a
+    stream with weights on arrival or after segments; a synchronous loop has neither."""
+    return self.enabled and (self.weight_sync == "arrival" or self.weight_sync_segments > 0)
 
   @classmethod
   def from_rl(cls, rl) -> AsyncConfig:

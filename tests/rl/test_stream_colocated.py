@@ -192,6 +192,7 @@ def test_async_config_refuses_settings_that_cannot_run_as_asked():
   arrival = stream_lib.AsyncConfig.from_rl({"max_staleness": 1, "async_weight_sync": "arrival"})
   assert arrival.weight_sync == "arrival" and arrival.weight_sync_segments == 0 and arrival.delayed
   assert not stream_lib.AsyncConfig(max_staleness=1).delayed
+  assert not stream_lib.AsyncConfig(weight_sync_segments=2).delayed  # synchronous: no stream, no second copy
   for kw, msg in [(dict(max_staleness=-1), "max_staleness: must be an int >= 0"),
                   (dict(max_staleness=True), "max_staleness: must be an int >= 0"),
                   (dict(max_staleness=1, placement="split"), "placement: must be one of"),
