@@ -45,7 +45,9 @@ slowest episode's own tool waits (its calls' latencies, one after another), sync
 synchronous wall time (the synchronous loop cannot wait less); schedule_model_speedup: bench.async_schedule's
 staleness-1 model replayed on those chains with the synchronous run's measured decode and update time a step
 (decode and update never sharing a device or a core: the ceiling of speedup on this workload), async_over_model:
-speedup over it; per mode and schedule, *_wall_s (timed steps),
+speedup over it; schedule_one_device_speedup: the same model on one device that runs its programs one at a time
+in dispatch order (`async_schedule.one_device`: a decode turn waits behind every update it meets, each episode's
+own calls replayed; the colocated stream's ceiling), async_over_one_device: speedup over that; per mode and schedule, *_wall_s (timed steps),
 *_rollout_s (the trainer waiting for its batch: the whole rollout when synchronous), *_tool_wait_s (the loop blocked
 on tools with nothing to decode), *_decode_calls, *_rows_per_call (rows decoding per call, of `--rows`), *_cpu_s
 (CPU seconds of the process over the timed steps) and *_traces (programs compiled during the timed steps, by JAX's
@@ -108,13 +110,13 @@ def remote_latency(code: str, median_s: float) -> float:
   return float(median_s * math.exp(SIGMA * np.random.default_rng(seed).standard_normal()))
 
 
-def slowest_tool_chain(tokenizer, scripts, median_s: float) -> float:
-  """The longest an episode of `scripts` waits on its own tool calls, one after another (the sum of their
-  latencies): no loop returns the batch sooner, whatever it overlaps."""
-  def chain(turns):
+def tool_latencies(tokenizer, scripts, median_s: float) -> list[list[float]]:
+  """Each episode of `scripts`: its calls' latencies, in the order it makes them. Their sum is the episode's own
+  tool chain: no loop returns its batch sooner than the longest, whatever it overlaps."""
+  def episode(turns):
     calls = [c for t in turns for c in parse_tool_calls(tokenizer.decode(t))]
-    return sum(remote_latency(c.arguments["code"], median_s) for c in calls)
-  return max(chain(s) for s in scripts)
+    return [remote_latency(c.arguments["code"], median_s) for c in calls]
+  return [episode(s) for s in scripts]
 
 
 def remote_executor(median_s: float, latencies: list[float]):
@@ -127,19 +129,24 @@ def remote_executor(median_s: float, latencies: list[float]):
   return stub_executor(answer, max_concurrency=1024)
 
 
-def schedule_model(chains: list[float], sync_rollout_s: float, sync_wall_s: float) -> float:
-  """The speedup bench.async_schedule's model of the staleness-1 stream gives for the timed steps' own tool
-  chains (`chains`: each step's slowest episode's calls, one after another), with the synchronous run's measured
-  time a step outside them: its rollout's decode and bookkeeping (`sync_rollout_s` less the chains, spread evenly
-  over the steps) and its update (`sync_wall_s - sync_rollout_s`). The synchronous side of the model is then the
-  measured synchronous wall time; the stream's is `batch_order`'s, whose decode never waits for an update nor
-  shares a core with one. The measured speedup over this is what the host's shared cores (and the stream's
-  bookkeeping) left of the schedule's."""
-  steps = len(chains)
-  decode = max(0.0, sync_rollout_s - sum(chains)) / steps
+def schedule_model(calls, sync_rollout_s: float, sync_wall_s: float) -> tuple[float, float]:
+  """The speedups bench.async_schedule's model of the staleness-1 stream gives for the timed steps' own tool calls
+  (`calls`: [steps, episodes, calls] latencies), with the synchronous run's measured time a step outside them: its
+  rollout's decode and bookkeeping (`sync_rollout_s` less the steps' slowest chains, spread evenly over the steps
+  and over each episode's turns) and its update (`sync_wall_s - sync_rollout_s`). The synchronous side of the
+  model is then the measured synchronous wall time; the stream's is `batch_order`'s (decode never waits for an
+  update nor shares a core with one) and `one_device`'s (a decode turn waits behind every update it meets, as on
+  one device that runs its programs in dispatch order). The measured speedup over these is what the host's
+  shared cores (and the stream's bookkeeping) left of each."""
+  calls = np.asarray(calls, np.float64)
+  steps, turns = calls.shape[0], calls.shape[-1]
+  chains = calls.sum(-1).max(-1)
+  decode = max(0.0, sync_rollout_s - chains.sum()) / steps
   update = max(0.0, sync_wall_s - sync_rollout_s) / steps
-  times = np.asarray(chains, np.float64)[:, None] + decode
-  return float(async_schedule.synchronous(times, update)[-1] / async_schedule.batch_order(times, update, 1)[-1])
+  times = chains[:, None] + decode
+  sync = async_schedule.synchronous(times, update)[-1]
+  return (float(sync / async_schedule.batch_order(times, update, 1)[-1]),
+          float(sync / async_schedule.one_device(calls, decode / (turns + 1), update, 1)[-1]))
 
 
 @dataclasses.dataclass
@@ -311,11 +318,11 @@ def run(args) -> dict:
 
   speedups = ratio(best["async"][1], best["sync"][1])
   per_step = args.prompts * args.n
-  chains = [slowest_tool_chain(tok, scripts[s * per_step:(s + 1) * per_step], args.tool_median_s)
-            for s in range(args.warmup, steps_total)]
-  chain_s = sum(chains)
+  calls = [tool_latencies(tok, scripts[s * per_step:(s + 1) * per_step], args.tool_median_s)
+           for s in range(args.warmup, steps_total)]
+  chain_s = sum(max(sum(e) for e in step) for step in calls)
   a, s = res[("async", best["async"][1])], res[("sync", best["sync"][1])]
-  model = schedule_model(chains, s["rollout_s"], s["wall_s"])
+  model, one_device = schedule_model(calls, s["rollout_s"], s["wall_s"])
   out = {
       "bench": "async_rl", "size": args.size, "prompts": args.prompts, "n": args.n, "rows": args.rows,
       "sync_rows": sync_rows, "tool_turns": args.tool_turns, "steps": args.steps, "warmup": args.warmup,
@@ -334,6 +341,8 @@ def run(args) -> dict:
       # What the staleness-1 schedule allows on these very draws (decode and update never sharing a core):
       # the measured speedup's ceiling on an accelerator, and how much of it this host reached.
       "schedule_model_speedup": model, "async_over_model": float(np.median(speedups)) / model,
+      # The same on one device that runs update and decode one after another (the colocated stream's ceiling).
+      "schedule_one_device_speedup": one_device, "async_over_one_device": float(np.median(speedups)) / one_device,
       # How full the cores were over the timed steps; 1 / the synchronous one: the speedup of the synchronous
       # loop's CPU work done with every core busy throughout (overlap gains no more unless it saves work).
       "sync_cpu_busy_frac": s["cpu_busy_frac"],

@@ -16,6 +16,12 @@ At K = 0 that is the synchronous loop. `completion` is an alternative the code d
 each step trains the first `--prompts` groups to finish, those at their deadline first, and a group starts only
 while every started group can still be trained within K versions of its start (AReaL's admission, per group).
 
+`one_device` is `batch_order` on one device that runs its programs one at a time in the order they were
+dispatched (an accelerator's, and XLA:CPU's, stream): a decode turn stops while an update runs (an update that
+starts mid-turn delays the rest of the turn by its length), so the next batch's episodes wait behind every update
+they meet. Colocated, with each update dispatched whole, the stream can do no better than this; `batch_order`'s
+ceiling, decode beside every update, needs the sampler on devices of its own.
+
 Every schedule sees the same draws. Fields: *_step_s (mean seconds a step), speedup_* (synchronous over each),
 over `--steps` steps from an empty pipeline (the steady state at the default 3,000) and over the first
 `--window` of them (bench.async_rl's clock, which starts the stream empty), and the draws' mean slowest group.
@@ -26,6 +32,7 @@ cpu_busy_frac) and the stream's decode calls costing their slots, not their live
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 
@@ -34,11 +41,21 @@ import numpy as np
 SIGMA = math.log(10.0) / 2.326  # the calls' lognormal: median m, p99 = m * exp(2.326 sigma) = 10 m
 
 
+def episode_calls(rng: np.random.Generator, steps: int, prompts: int, n: int, tool_turns: int,
+                  tool_median_s: float) -> np.ndarray:
+  """[steps, prompts, n, tool_turns] seconds: every call's latency, episode by episode."""
+  return tool_median_s * np.exp(SIGMA * rng.standard_normal((steps, prompts, n, tool_turns)))
+
+
+def slowest_groups(calls: np.ndarray, decode_s: float) -> np.ndarray:
+  """[steps, prompts] seconds: each group's slowest episode (its calls one after another, and its decode)."""
+  return (calls.sum(-1) + decode_s * (calls.shape[-1] + 1)).max(-1)
+
+
 def group_times(rng: np.random.Generator, steps: int, prompts: int, n: int, tool_turns: int, tool_median_s: float,
                 decode_s: float) -> np.ndarray:
-  """[steps, prompts] seconds: each group's slowest episode (its calls one after another, and its decode)."""
-  calls = tool_median_s * np.exp(SIGMA * rng.standard_normal((steps, prompts, n, tool_turns)))
-  return (calls.sum(-1) + decode_s * (tool_turns + 1)).max(-1)
+  """[steps, prompts] seconds: `slowest_groups` of fresh draws."""
+  return slowest_groups(episode_calls(rng, steps, prompts, n, tool_turns, tool_median_s), decode_s)
 
 
 def synchronous(times: np.ndarray, update_s: float) -> np.ndarray:
@@ -55,6 +72,38 @@ def batch_order(times: np.ndarray, update_s: float, staleness: int) -> np.ndarra
   done = [0.0] * (staleness + 1)  # the updates "before" step 0: the pipeline starts empty
   for c in times.max(1):
     done.append(max(done[-1], done[-staleness - 1] + c) + update_s)
+  return np.asarray(done[staleness + 1:])
+
+
+def _decode_on(t: float, work: float, starts: list[float], ends: list[float]) -> float:
+  """When `work` seconds of decode started at `t` end, on a device that runs the updates [starts[i], ends[i])
+  (sorted, disjoint) whole and in their turn: decode stops while one runs."""
+  i = bisect.bisect_right(ends, t)
+  while i < len(starts) and starts[i] < t + work:
+    work -= max(0.0, starts[i] - t)
+    t = max(t, ends[i])
+    i += 1
+  return t + work
+
+
+def one_device(calls: np.ndarray, decode_s: float, update_s: float, staleness: int) -> np.ndarray:
+  """`batch_order` on one device: batch j starts once update j - staleness - 1 has ended, each of its episodes
+  alternates a decode turn of `decode_s` with a call of `calls[j, ..., turn]` (`calls`: [steps, ..., turns]) and
+  ends on a decode turn, and a decode turn does not run while an update does."""
+  done = [0.0] * (staleness + 1)
+  starts: list[float] = []
+  ends: list[float] = []
+  for batch in calls:
+    start, finish = done[-staleness - 1], 0.0
+    for episode in batch.reshape(int(np.prod(batch.shape[:-1])), batch.shape[-1]):
+      t = start
+      for wait in episode:
+        t = _decode_on(t, decode_s, starts, ends) + wait
+      finish = max(finish, _decode_on(t, decode_s, starts, ends))
+    begin = max(done[-1], finish)
+    starts.append(begin)
+    ends.append(begin + update_s)
+    done.append(begin + update_s)
   return np.asarray(done[staleness + 1:])
 
 
@@ -96,15 +145,17 @@ def completion_order(times: np.ndarray, update_s: float, staleness: int, slots: 
 
 def run(prompts: int = 8, n: int = 4, tool_turns: int = 3, tool_median_s: float = 0.2, decode_s: float = 0.15,
         update_s: float = 0.35, staleness: int = 1, steps: int = 3000, window: int = 16, seed: int = 0) -> dict:
-  times = group_times(np.random.default_rng(seed), steps, prompts, n, tool_turns, tool_median_s, decode_s)
+  calls = episode_calls(np.random.default_rng(seed), steps, prompts, n, tool_turns, tool_median_s)
+  times = slowest_groups(calls, decode_s)
   ends = {"sync": synchronous(times, update_s), "batch_order": batch_order(times, update_s, staleness),
-          "completion_order": completion_order(times, update_s, staleness, slots=(staleness + 1) * prompts)}
+          "completion_order": completion_order(times, update_s, staleness, slots=(staleness + 1) * prompts),
+          "one_device": one_device(calls, decode_s, update_s, staleness)}
   out = {"bench": "async_schedule", "prompts": prompts, "n": n, "tool_turns": tool_turns,
          "tool_median_s": tool_median_s, "decode_s": decode_s, "update_s": update_s, "staleness": staleness,
          "steps": steps, "window": window, "slowest_group_mean_s": float(times.max(1).mean())}
   for name, end in ends.items():
     out[f"{name}_step_s"] = float(end[-1] / steps)
-  for name in ("batch_order", "completion_order"):
+  for name in ("batch_order", "completion_order", "one_device"):
     out[f"speedup_{name}"] = float(ends["sync"][-1] / ends[name][-1])
     out[f"speedup_{name}_window"] = float(ends["sync"][window - 1] / ends[name][window - 1])
   return out

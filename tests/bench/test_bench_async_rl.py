@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from agentrl_jax.bench import async_rl, common
@@ -36,7 +37,7 @@ def test_remote_tools_take_wall_time_and_no_cpu():
   assert wall >= 0.95 * sum(lat) and cpu < 0.1 * wall
 
 
-def test_slowest_tool_chain_sums_an_episodes_calls_and_takes_the_slowest_episode():
+def test_tool_latencies_are_each_episodes_calls_in_order():
   tok = tokenizer_lib.tiny_tokenizer()
 
   def turn(code):
@@ -46,19 +47,24 @@ def test_slowest_tool_chain_sums_an_episodes_calls_and_takes_the_slowest_episode
   answer = tok.encode("The answer is \\boxed{2}.<|im_end|>", add_special_tokens=False)
   scripts = [[turn("print(1)"), turn("print(2)"), answer], [turn("print(3)"), answer], [answer]]
   lat = {c: async_rl.remote_latency(c, 0.2) for c in ("print(1)", "print(2)", "print(3)")}
-  want = max(lat["print(1)"] + lat["print(2)"], lat["print(3)"])
-  assert async_rl.slowest_tool_chain(tok, scripts, 0.2) == pytest.approx(want, rel=1e-12)
-  assert async_rl.slowest_tool_chain(tok, [[answer]], 0.2) == 0.0
+  assert async_rl.tool_latencies(tok, scripts, 0.2) == [[lat["print(1)"], lat["print(2)"]], [lat["print(3)"]], []]
 
 
 def test_schedule_model_replays_the_staleness_1_schedule_on_the_measured_draws():
-  # Four steps, each slowest chain 1 s, the synchronous run's decode 0.1 s a step (4.4 s of rollout) and update
+  # Four steps, each slowest chain 1 s (one episode, one call), the synchronous run's decode 0.1 s a step (4.4 s of rollout) and update
   # 0.5 s (6.4 s of wall). Synchronous: 4 x 1.6 = 6.4 s. The stream (batch j starts once update j - 2 ended):
   # T0 = 1.1 + .5 = 1.6, T1 = max(1.6, 1.1) + .5 = 2.1, T2 = max(2.1, 1.6 + 1.1) + .5 = 3.2,
   # T3 = max(3.2, 2.1 + 1.1) + .5 = 3.7.
-  assert async_rl.schedule_model([1.0] * 4, 4.4, 6.4) == pytest.approx(6.4 / 3.7, rel=1e-12)
-  # Without tools the stream has no waits to fill, only decode beside the update: 4 x 0.6 against 0.6 + 3 x 0.5.
-  assert async_rl.schedule_model([0.0] * 4, 0.4, 2.4) == pytest.approx(2.4 / 2.1, rel=1e-12)
+  # On one device (one call an episode: two decode turns of 0.05 s), the batches beside an update wait for it:
+  # step 0 decodes to 0.05, calls to 1.05, decodes to 1.1, update [1.1, 1.6); step 1 the same, update [1.6, 2.1);
+  # step 2 from 1.6 waits to 2.1, ends at 3.2, update [3.2, 3.7); step 3 from 2.1 ends at 3.2, update [3.7, 4.2).
+  free, one = async_rl.schedule_model([[[1.0]]] * 4, 4.4, 6.4)
+  assert (free, one) == pytest.approx((6.4 / 3.7, 6.4 / 4.2), rel=1e-12)
+  # Without tools the stream has no waits to fill, only decode beside the update: 4 x 0.6 against 0.6 + 3 x 0.5;
+  # on one device: decode to 0.1, updates [0.1, 0.6), [0.6, 1.1), step 2 from 0.6 waits to 1.1, update [1.2, 1.7),
+  # step 3 from 1.1 decodes to 1.2, update [1.7, 2.2).
+  free, one = async_rl.schedule_model(np.zeros((4, 1, 0)), 0.4, 2.4)
+  assert (free, one) == pytest.approx((2.4 / 2.1, 2.4 / 2.2), rel=1e-12)
 
 
 @pytest.mark.slow
@@ -89,6 +95,8 @@ def test_bench_async_rl_prints_one_json_line(capsys):
   assert out["sync_tool_chain_frac"] == pytest.approx(out["tool_chain_s"] / out[f"sync_{out['sync_schedule']}_wall_s"])
   assert out["schedule_model_speedup"] >= 1 and out["async_over_model"] == pytest.approx(
       out["speedup"] / out["schedule_model_speedup"])
+  assert 1 <= out["schedule_one_device_speedup"] <= out["schedule_model_speedup"] + 1e-12
+  assert out["async_over_one_device"] == pytest.approx(out["speedup"] / out["schedule_one_device_speedup"])
 
 
 def test_host_devices_adds_the_count_to_xla_flags_once(monkeypatch):
