@@ -31,7 +31,7 @@ from agentrl_jax.models import memory_plan
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rl import losses
-from agentrl_jax.rl import stream as stream_lib
+from agentrl_jax.rl import async_config
 from agentrl_jax.rl import transfer as transfer_lib
 from agentrl_jax.rl import update as update_lib
 from agentrl_jax.rollout import engine as engine_lib
@@ -165,7 +165,7 @@ def _rl_update_seq(config: ml_collections.ConfigDict) -> list[int]:
 
 def rl_programs(config: ml_collections.ConfigDict, t: target_lib.Target) -> Plan:
   rl = config.rl
-  async_cfg = stream_lib.AsyncConfig.from_rl(rl)  # the run's checks of the asynchronous settings, as ValueErrors
+  async_cfg = async_config.AsyncConfig.from_rl(rl)  # the run's checks of the asynchronous settings, as ValueErrors
   disaggregated = async_cfg.placement == "disaggregated"
   if disaggregated:  # the trainer and the sampler each on their own part of the slice (rl/transfer.py)
     devs = list(t.devices)

@@ -84,6 +84,7 @@ from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.qwen import Qwen
 from agentrl_jax.rl import batch as batch_lib
 from agentrl_jax.rl import losses
+from agentrl_jax.rl import async_config
 from agentrl_jax.rl import stream as stream_lib
 from agentrl_jax.rl import transfer as transfer_lib
 from agentrl_jax.rl import update as update_lib
@@ -235,7 +236,7 @@ def run(args) -> dict:
       if mode == "async":
         engine = _Engine(sampler, tok, executor, rcfg, prompts)
         data = iter(_records(args.prompts, s) for s in range(10 ** 6))
-        acfg = stream_lib.AsyncConfig(max_staleness=1, weight_sync_segments=args.weight_sync_segments,
+        acfg = async_config.AsyncConfig(max_staleness=1, weight_sync_segments=args.weight_sync_segments,
                                       placement=args.placement, sampler_devices=int(apart),
                                       weight_sync=args.weight_sync)
         place = (lambda params: sampler.place_params(move(params))) if apart else None  # noqa: E731
@@ -378,10 +379,10 @@ def main(argv=None):
                  help="the KV cache's first capacity (default the longest episode: one capacity, no grow programs)")
   p.add_argument("--weight-sync-segments", type=int, default=0,
                  help="async: decode segments on the old weights (the stream's copy) after an update's dispatch")
-  p.add_argument("--placement", choices=stream_lib.PLACEMENTS, default="colocated",
+  p.add_argument("--placement", choices=async_config.PLACEMENTS, default="colocated",
                  help="async: the sampler on the trainer's device, or on a second one (disaggregated; on a CPU host "
                       "the process gets two devices, which share its cores)")
-  p.add_argument("--weight-sync", choices=stream_lib.WEIGHT_SYNCS, default="segments",
+  p.add_argument("--weight-sync", choices=async_config.WEIGHT_SYNCS, default="segments",
                  help="async: new weights reach the sampler after --weight-sync-segments segments (deterministic), "
                       "or once they have arrived (arrival)")
   args, scale = guard.parse_args(p, argv, SMOKE)

@@ -52,6 +52,7 @@ from agentrl_jax.rl import advantages as adv_lib
 from agentrl_jax.rl import batch as batch_lib
 from agentrl_jax.rl import losses
 from agentrl_jax.rl import offpolicy
+from agentrl_jax.rl import async_config
 from agentrl_jax.rl import stream as stream_lib
 from agentrl_jax.rl import transfer as transfer_lib
 from agentrl_jax.rl import update as update_lib
@@ -97,7 +98,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     if loss_cfg.loss_agg_mode != "token-mean":
       raise ValueError(f"rl.pack_len needs rl.loss.loss_agg_mode='token-mean' (a packed row holds several "
                        f"sequences), got {loss_cfg.loss_agg_mode!r}")
-  async_cfg = stream_lib.AsyncConfig.from_rl(rl)
+  async_cfg = async_config.AsyncConfig.from_rl(rl)
   if async_cfg.placement == "disaggregated" and not async_cfg.delayed:
     log.warning("rl: disaggregated with rl.async_weight_sync_segments=0: the sampler takes each update's weights "
                 "at its next decode segment, so it waits for every update and its transfer (nothing decodes beside "
