@@ -79,6 +79,9 @@ FIGURES: dict[str, dict[str, Callable[[dict], Any]]] = {
     "async_rl": {
         # the rollout stream's trained tokens per second over the synchronous loop's, the same work on the clock
         "speedup": lambda line: line["speedup"],
+        # that speedup over what one device allows on the run's own tool draws (`async_schedule.one_device`):
+        # the stream's scheduling, less the luck of the draws and the host's speed
+        "over_one_device": lambda line: line["async_over_one_device"],
         "trained_tokens_equal": lambda line: float(line["trained_tokens_equal"]),
     },
 }
@@ -116,7 +119,10 @@ THRESHOLDS: dict[str, dict[str, tuple[Bound, ...]]] = {
         # over the synchronous loop (1.02x measured, 2026-12-06 evening; README, Asynchronous RL); the bound asks
         # that it not lose more than the noise of one run to it
         "full": (Bound("speedup", "min", 0.9), Bound("trained_tokens_equal", "min", 1)),
-        "smoke": (Bound("speedup", "min", 1.0), Bound("trained_tokens_equal", "min", 1)),
+        # The one-device model does not hold at bench_5m, where decode and update share the cores (not bounded
+        # there); at tiny size the stream reached it (0.98 at --smoke, 1.02 over 16 timed steps, 2026-12-07).
+        "smoke": (Bound("speedup", "min", 1.0), Bound("over_one_device", "min", 0.8),
+                  Bound("trained_tokens_equal", "min", 1)),
     },
 }
 
@@ -137,7 +143,9 @@ MEASURED: dict[str, dict[str, float]] = {
     "rollout": {"speedup_over_reprefill": 1.67, "compile_frac_of_round": 6.31},  # compile 63.5 s (9 programs)
     "update": {"mfu": 0.42, "step_over_floor": 1.56, "speedup_tunix": 1.12},  # best of 3 rounds, as the benchmark
     "sandbox": {"serial_speedup": 2.98, "batch_speedup": 2.13},
-    "async_rl": {"speedup": 1.33},  # 2026-12-06, alone (tool chains 6.1 s of the synchronous loop's 7.6 s)
+    # 2026-12-06, alone (tool chains 6.1 s of the synchronous loop's 7.6 s); over_one_device 2026-12-07, alone
+    # (speedup 1.33 again, the one-device model 1.36 on the run's draws)
+    "async_rl": {"speedup": 1.33, "over_one_device": 0.98},
 }
 
 
