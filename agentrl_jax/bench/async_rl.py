@@ -45,19 +45,19 @@ slowest episode's own tool waits (its calls' latencies, one after another), sync
 synchronous wall time (the synchronous loop cannot wait less); schedule_model_speedup: bench.async_schedule's
 staleness-1 model replayed on those chains with the synchronous run's measured decode and update time a step
 (decode and update never sharing a device or a core: the ceiling of speedup on this workload), async_over_model:
-speedup over it; schedule_one_device_speedup: the same model on one device that runs its programs one at a time
-in dispatch order (`async_schedule.one_device`: a decode turn waits behind every update it meets, each episode's
-own calls replayed; the colocated stream's ceiling), async_over_one_device: speedup over that; per mode and schedule, *_wall_s (timed steps),
-*_rollout_s (the trainer waiting for its batch: the whole rollout when synchronous), *_tool_wait_s (the loop blocked
-on tools with nothing to decode), *_decode_calls, *_rows_per_call (rows decoding per call, of `--rows`), *_cpu_s
-(CPU seconds of the process over the timed steps) and *_traces (programs compiled during the timed steps, by JAX's
-compile events: the sampler's, the update's, eager ops'; 0 when the warm-up compiled everything). sync_cpu_busy_frac
-/ async_cpu_busy_frac: the fraction of the host's cores those CPU seconds filled (`metrics_writer.cpu_busy_frac`);
-speedup_at_full_cores = 1 / sync_cpu_busy_frac, the synchronous loop's CPU work done with every core busy
-throughout: where decode and update already fill the cores, overlapping them (the remote tools cost no CPU) gains
-about no more than that. It is an estimate, not a hard ceiling: a schedule beats it by doing less work (fewer,
-fuller decode calls, or less spinning of XLA:CPU's thread pools, which count as CPU seconds); on an accelerator
-host, whose work is on the device, it says nothing.
+speedup over it; schedule_one_device_speedup: the same model on one device that runs its programs one at a time in
+dispatch order (`async_schedule.one_device`: a decode turn waits behind every update it meets, each episode's own
+calls replayed; the colocated stream's ceiling), async_over_one_device: speedup over that; per mode and schedule,
+*_wall_s (timed steps), *_rollout_s (the trainer waiting for its batch: the whole rollout when synchronous),
+*_tool_wait_s (the loop blocked on tools with nothing to decode), *_decode_calls, *_rows_per_call (rows decoding per
+call, of `--rows`), *_cpu_s (CPU seconds of the process over the timed steps) and *_traces (programs compiled during
+the timed steps, by JAX's compile events: the sampler's, the update's, eager ops'; 0 when the warm-up compiled
+everything). sync_cpu_busy_frac / async_cpu_busy_frac: the fraction of the host's cores those CPU seconds filled
+(`metrics_writer.cpu_busy_frac`); speedup_at_full_cores = 1 / sync_cpu_busy_frac, the synchronous loop's CPU work
+done with every core busy throughout: where decode and update already fill the cores, overlapping them (the remote
+tools cost no CPU) gains about no more than that. It is an estimate, not a hard ceiling: a schedule beats it by
+doing less work (fewer, fuller decode calls, or less spinning of XLA:CPU's thread pools, which count as CPU
+seconds); on an accelerator host, whose work is on the device, it says nothing.
 Both modes train the same prompts and draw the same scripted tokens.
 """
 
