@@ -82,9 +82,9 @@ from agentrl_jax.models import sharding
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.qwen import Qwen
+from agentrl_jax.rl import async_config
 from agentrl_jax.rl import batch as batch_lib
 from agentrl_jax.rl import losses
-from agentrl_jax.rl import async_config
 from agentrl_jax.rl import stream as stream_lib
 from agentrl_jax.rl import transfer as transfer_lib
 from agentrl_jax.rl import update as update_lib
@@ -237,8 +237,8 @@ def run(args) -> dict:
         engine = _Engine(sampler, tok, executor, rcfg, prompts)
         data = iter(_records(args.prompts, s) for s in range(10 ** 6))
         acfg = async_config.AsyncConfig(max_staleness=1, weight_sync_segments=args.weight_sync_segments,
-                                      placement=args.placement, sampler_devices=int(apart),
-                                      weight_sync=args.weight_sync)
+                                        placement=args.placement, sampler_devices=int(apart),
+                                        weight_sync=args.weight_sync)
         place = (lambda params: sampler.place_params(move(params))) if apart else None  # noqa: E731
         stream = stream_lib.RolloutStream(engine, data, acfg, n=args.n, prompts_per_step=args.prompts, key=key,
                                           score=lambda eps, rec: None, scripts=script_fn, place=place)

@@ -52,12 +52,6 @@ def slowest_groups(calls: np.ndarray, decode_s: float) -> np.ndarray:
   return (calls.sum(-1) + decode_s * (calls.shape[-1] + 1)).max(-1)
 
 
-def group_times(rng: np.random.Generator, steps: int, prompts: int, n: int, tool_turns: int, tool_median_s: float,
-                decode_s: float) -> np.ndarray:
-  """[steps, prompts] seconds: `slowest_groups` of fresh draws."""
-  return slowest_groups(episode_calls(rng, steps, prompts, n, tool_turns, tool_median_s), decode_s)
-
-
 def synchronous(times: np.ndarray, update_s: float) -> np.ndarray:
   """When each step's update ends: its batch rolled out from empty slots, then trained."""
   done, out = 0.0, []

@@ -49,10 +49,10 @@ from agentrl_jax.evaluation import runner as eval_runner
 from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import sharding as sharding_lib
 from agentrl_jax.rl import advantages as adv_lib
+from agentrl_jax.rl import async_config
 from agentrl_jax.rl import batch as batch_lib
 from agentrl_jax.rl import losses
 from agentrl_jax.rl import offpolicy
-from agentrl_jax.rl import async_config
 from agentrl_jax.rl import stream as stream_lib
 from agentrl_jax.rl import transfer as transfer_lib
 from agentrl_jax.rl import update as update_lib

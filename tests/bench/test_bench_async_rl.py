@@ -51,9 +51,9 @@ def test_tool_latencies_are_each_episodes_calls_in_order():
 
 
 def test_schedule_model_replays_the_staleness_1_schedule_on_the_measured_draws():
-  # Four steps, each slowest chain 1 s (one episode, one call), the synchronous run's decode 0.1 s a step (4.4 s of rollout) and update
-  # 0.5 s (6.4 s of wall). Synchronous: 4 x 1.6 = 6.4 s. The stream (batch j starts once update j - 2 ended):
-  # T0 = 1.1 + .5 = 1.6, T1 = max(1.6, 1.1) + .5 = 2.1, T2 = max(2.1, 1.6 + 1.1) + .5 = 3.2,
+  # Four steps, each slowest chain 1 s (one episode, one call), the synchronous run's decode 0.1 s a step (4.4 s of
+  # rollout) and update 0.5 s (6.4 s of wall). Synchronous: 4 x 1.6 = 6.4 s. The stream (batch j starts once
+  # update j - 2 ended): T0 = 1.1 + .5 = 1.6, T1 = max(1.6, 1.1) + .5 = 2.1, T2 = max(2.1, 1.6 + 1.1) + .5 = 3.2,
   # T3 = max(3.2, 2.1 + 1.1) + .5 = 3.7.
   # On one device (one call an episode: two decode turns of 0.05 s), the batches beside an update wait for it:
   # step 0 decodes to 0.05, calls to 1.05, decodes to 1.1, update [1.1, 1.6); step 1 the same, update [1.6, 2.1);

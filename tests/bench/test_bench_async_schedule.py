@@ -10,7 +10,7 @@ from agentrl_jax.bench import async_schedule
 
 
 def test_staleness_zero_is_the_synchronous_loop_and_staleness_bounds_the_overlap():
-  times = async_schedule.group_times(np.random.default_rng(0), 200, 8, 4, 3, 0.2, 0.15)
+  times = async_schedule.slowest_groups(async_schedule.episode_calls(np.random.default_rng(0), 200, 8, 4, 3, 0.2), 0.15)
   sync = async_schedule.synchronous(times, 0.35)
   assert np.array_equal(async_schedule.batch_order(times, 0.35, 0), sync)
   assert np.allclose(async_schedule.completion_order(times, 0.35, 0, slots=8), sync)

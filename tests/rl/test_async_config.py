@@ -7,7 +7,7 @@ from agentrl_jax.rl import async_config
 
 def test_async_config_refuses_settings_that_cannot_run_as_asked():
   ok = async_config.AsyncConfig.from_rl({"max_staleness": 2, "async_placement": "disaggregated",
-                                       "async_sampler_devices": 4, "async_weight_sync_segments": 3})
+                                         "async_sampler_devices": 4, "async_weight_sync_segments": 3})
   assert (ok.max_staleness, ok.placement, ok.sampler_devices, ok.weight_sync_segments) == (2, "disaggregated", 4, 3)
   assert ok.weight_sync == "segments" and ok.delayed
   arrival = async_config.AsyncConfig.from_rl({"max_staleness": 1, "async_weight_sync": "arrival"})
