@@ -35,7 +35,7 @@ from agentrl_jax.rl import async_config
 from agentrl_jax.rl import transfer as transfer_lib
 from agentrl_jax.rl import update as update_lib
 from agentrl_jax.rollout import engine as engine_lib
-from agentrl_jax.rollout import agent_loop, shapes as shapes_lib
+from agentrl_jax.rollout import shapes as shapes_lib
 from agentrl_jax.sampling import sampler as sampler_lib
 from agentrl_jax.sampling.config import bucket, bucket_values
 
@@ -376,7 +376,7 @@ def rollout_programs(graphdef, cfg: ModelConfig, tokenizer, rcfg, mesh: jax.shar
                      refill: bool = False) -> list[Program]:
   """The sampler programs of rollouts with these sampling settings (`rollout.shapes.rollout_shapes`; `refill`:
   with an asynchronous run's rollout stream)."""
-  sampling = agent_loop.sampling_config(tokenizer, rcfg, temperature=1.0 if greedy else temperature, top_p=top_p,
+  sampling = shapes_lib.sampling_config(tokenizer, rcfg, temperature=1.0 if greedy else temperature, top_p=top_p,
                                         top_k=top_k, greedy=greedy)
   sampler = sampler_lib.make_sampler(graphdef, cfg, sampling, batch=rcfg.batch_size, mesh=mesh, params=params)
   jit = sampler.jitted

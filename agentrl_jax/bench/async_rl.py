@@ -88,14 +88,13 @@ from agentrl_jax.rl import losses
 from agentrl_jax.rl import stream as stream_lib
 from agentrl_jax.rl import transfer as transfer_lib
 from agentrl_jax.rl import update as update_lib
-from agentrl_jax.rollout import agent_loop
+from agentrl_jax.rollout import agent_loop, shapes
 from agentrl_jax.rollout.chat import stop_token_ids
 from agentrl_jax.rollout.config import RolloutConfig
 from agentrl_jax.rollout.engine import RenderedPrompts
 from agentrl_jax.rollout.episode import collate
 from agentrl_jax.rollout.parser import parse_tool_calls
 from agentrl_jax.rollout.stub_executor import stub_executor
-from agentrl_jax.sampling.config import SamplingConfig
 from agentrl_jax.sampling.sampler import make_sampler
 
 # `--smoke` (held to bench/guard.py's smoke bounds): 4 x 2 episodes a step, 3 timed steps, at tiny size.
@@ -218,7 +217,7 @@ def run(args) -> dict:
     executor = remote_executor(args.tool_median_s, latencies)
     rows = args.rows if mode == "async" else sync_rows
     rcfg = cfg.replace(overlap_tools=overlap, batch_size=rows)
-    sampling = agent_loop.sampling_config(tok, rcfg, temperature=1.0)
+    sampling = shapes.sampling_config(tok, rcfg, temperature=1.0)
     apart = mode == "async" and args.placement == "disaggregated"
     if apart:  # the sampler on the second device, the trainer on the first; weights moved after each update
       smesh = sharding.make_mesh(1, -1, 1, devices=jax.devices()[1:2])

@@ -7,10 +7,12 @@
     batch = collate(episodes)          # fixed bucketed shapes for the trainer
 """
 
-from agentrl_jax.rollout.agent_loop import RolloutStats, run_rollout, sampling_config
+from agentrl_jax.rollout.agent_loop import run_rollout
 from agentrl_jax.rollout.config import RolloutConfig
 from agentrl_jax.rollout.episode import STOP_REASONS, CallInfo, Episode, TurnInfo, collate
 from agentrl_jax.rollout.parser import ToolCall, parse_tool_calls
+from agentrl_jax.rollout.rows import RolloutStats
+from agentrl_jax.rollout.shapes import sampling_config
 
 __all__ = ["RolloutStats", "run_rollout", "sampling_config", "RolloutConfig", "STOP_REASONS", "CallInfo", "Episode",
            "TurnInfo", "collate", "ToolCall", "parse_tool_calls"]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -40,137 +39,20 @@ import numpy as np
 
 from agentrl_jax import multihost
 from agentrl_jax.rollout import episode as episode_lib
-from agentrl_jax.rollout.chat import ToolResponseRenderer, stop_token_ids
+from agentrl_jax.rollout import rows as rows_lib
+from agentrl_jax.rollout.chat import ToolResponseRenderer
 from agentrl_jax.rollout.config import RolloutConfig
-from agentrl_jax.rollout.episode import CallInfo, Episode, TurnInfo
-from agentrl_jax.rollout.parser import ToolCall, parse_tool_calls
+from agentrl_jax.rollout.episode import Episode
+from agentrl_jax.rollout.rows import RolloutStats
+from agentrl_jax.rollout import shapes
 from agentrl_jax.sampling import sampler as sampler_lib
-from agentrl_jax.rollout.shapes import max_capacity, prefill_groups
-from agentrl_jax.sampling.config import SamplingConfig, StopReason, bucket
+from agentrl_jax.sampling.config import StopReason, bucket
 from agentrl_jax.sampling.sampler import Sampler
-from agentrl_jax.tools.base import ExecResult, Executor
-from agentrl_jax.tools.code_interpreter import format_result, prepare_code, truncate_middle
+from agentrl_jax.tools.base import Executor
 
 log = logging.getLogger(__name__)
 _NO_LIMIT = np.iinfo(np.int32).max
 
-
-@dataclasses.dataclass
-class RolloutStats:
-  """Counters of one rollout.
-
-  Attributes:
-    prefilled_tokens: non-model tokens written to the cache: each prompt once (shared by its n samples) plus
-      every tool-response token. Equal to `prompt_tokens + tool_tokens` when nothing is prefilled twice.
-    prompt_tokens: tokens of the distinct prompts.
-    tool_tokens: tool-response tokens appended to responses.
-    generated_tokens: tokens drawn by the model.
-    padded_prefill_tokens: tokens computed by prefill/extend calls including bucket padding and idle rows.
-    decode_calls / decode_steps / extend_calls / prefill_calls / grow_calls: device calls made.
-    active_rows: rows decoding, summed over decode calls (their mean occupancy is active_rows / decode_calls).
-    wall_s: wall time; device_wait_s: host blocked on device results; tool_wait_s: host blocked on tools only.
-    traces: sampler functions traced (compiled) during the rollout.
-  """
-
-  prefilled_tokens: int = 0
-  prompt_tokens: int = 0
-  tool_tokens: int = 0
-  generated_tokens: int = 0
-  padded_prefill_tokens: int = 0
-  decode_calls: int = 0
-  decode_steps: int = 0
-  active_rows: int = 0
-  extend_calls: int = 0
-  prefill_calls: int = 0
-  grow_calls: int = 0
-  wall_s: float = 0.0
-  device_wait_s: float = 0.0
-  tool_wait_s: float = 0.0
-  traces: dict = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass
-class _Row:
-  """Host bookkeeping of one occupied slot."""
-
-  ep: int
-  group: int
-  sample: int
-  prompt: np.ndarray
-  cache_len: int
-  resp: list = dataclasses.field(default_factory=list)
-  mask: list = dataclasses.field(default_factory=list)
-  lp_raw: list = dataclasses.field(default_factory=list)
-  lp_sample: list = dataclasses.field(default_factory=list)
-  vers: list = dataclasses.field(default_factory=list)  # policy version that drew each token (-1: tool tokens)
-  turns: list = dataclasses.field(default_factory=list)
-  turn_start: int = 0
-  status: str = "active"  # active | waiting | ready
-  calls: list = dataclasses.field(default_factory=list)  # [(CallInfo, Future | None)] of the current turn
-  n_calls: int = 0
-  n_failed: int = 0
-  n_malformed: int = 0
-
-  def add(self, token, lr, ls, version: int):
-    self.resp.append(int(token))
-    self.mask.append(1)
-    self.lp_raw.append(float(lr))
-    self.lp_sample.append(float(ls))
-    self.vers.append(version)
-
-
-def sampling_config(tokenizer, cfg: RolloutConfig, **kw) -> SamplingConfig:
-  """The sampling settings `run_rollout` expects for `cfg`: the tokenizer's end tokens, and a pause at
-  `</tool_call>` when one call per turn is executed (with more, turns run to `<|im_end|>`).
-
-  Args:
-    **kw: temperature, top_p, top_k, greedy.
-  """
-  end, tool_end = stop_token_ids(tokenizer)
-  return SamplingConfig(end_token_ids=end, tool_end_token_ids=tool_end if cfg.max_calls_per_turn == 1 else (),
-                        segment_len=cfg.segment_len, **kw)
-
-
-def _check_prompts(prompts, n, cfg: RolloutConfig, scripts, sampler: Sampler):
-  if n < 1 or n > cfg.batch_size:
-    raise ValueError(f"run_rollout: n must be in [1, batch_size={cfg.batch_size}], got {n}")
-  if sampler.batch != cfg.batch_size:
-    raise ValueError(f"run_rollout: sampler batch {sampler.batch} != RolloutConfig.batch_size {cfg.batch_size}")
-  if sampler.sampling.segment_len != cfg.segment_len:
-    raise ValueError(f"run_rollout: sampler segment_len {sampler.sampling.segment_len} != RolloutConfig.segment_len "
-                     f"{cfg.segment_len}")
-  if cfg.max_calls_per_turn > 1 and sampler.sampling.tool_end_token_ids:
-    raise ValueError("run_rollout: RolloutConfig.max_calls_per_turn > 1 needs a sampler that does not stop at "
-                     "</tool_call> (build its SamplingConfig with rollout.sampling_config)")
-  for i, p in enumerate(prompts):
-    if len(p) == 0:
-      raise ValueError(f"run_rollout: prompt {i} is empty")
-    if len(p) > cfg.max_prompt_len:
-      raise ValueError(f"run_rollout: prompt {i} has {len(p)} tokens > RolloutConfig.max_prompt_len "
-                       f"{cfg.max_prompt_len}")
-  if scripts is not None:
-    if len(scripts) != len(prompts) * n:
-      raise ValueError(f"run_rollout: {len(scripts)} scripts for {len(prompts) * n} episodes")
-    if not sampler.n_forced:
-      raise ValueError("run_rollout: scripts need a sampler built with n_forced > 0")
-    longest = max((len(t) for s in scripts for t in s), default=0)
-    if longest > sampler.n_forced:
-      raise ValueError(f"run_rollout: a script turn has {longest} tokens > the sampler's n_forced {sampler.n_forced}")
-
-
-def _future_result(fut: concurrent.futures.Future) -> ExecResult:
-  """A finished call's result; an executor future that raised becomes a sandbox error (never raises)."""
-  try:
-    return fut.result()
-  except Exception as e:  # pylint: disable=broad-except
-    return ExecResult("sandbox_error", stderr=f"[sandbox] executor failed: {type(e).__name__}: {e}")
-
-
-def _result_text(result: ExecResult | None, max_chars: int) -> tuple[str, str, float]:
-  """(status, text the model reads, wall seconds) of one execution."""
-  if result is None:
-    return "sandbox_error", "Tool error: no result.", 0.0
-  return result.status, format_result(result, max_chars), result.wall_s
 
 class AgentLoop:
   """The host side of a rollout as a resumable stream of B row slots.
@@ -201,7 +83,7 @@ class AgentLoop:
                key: jax.Array, scripts: Sequence[Sequence[Sequence[int]]] | Callable | None = None,
                on_episode: Callable[[Episode], None] | None = None, refill: bool = False,
                record_tool_waits: bool = False):
-    _check_prompts([], n, cfg, None, sampler)
+    shapes.check_prompts([], n, cfg, None, sampler)
     self.procs, self.me = jax.process_count(), jax.process_index()
     if self.procs > 1 and cfg.overlap_tools:
       raise ValueError("run_rollout: overlap_tools needs one process; with several, every process must resume "
@@ -214,14 +96,14 @@ class AgentLoop:
     self.resumable = set(sampler.sampling.tool_end_token_ids) | (
         {self.renderer.im_end} if self.renderer.im_end is not None else set())
     self.f_len = sampler.n_forced
-    self.max_cap = max_capacity(cfg)
+    self.max_cap = shapes.max_capacity(cfg)
     self.key = key
     # The cache grows in buckets as rows get longer (attention over the xla path reads every slot), or is
     # allocated at its largest once where attention reads each row's own length (Sampler.fixed_capacity). It is
     # made by the first `ensure_capacity` (the first prefill's), at the bucket that call needs, so no grow program
     # is built and run before the first token.
     self.state = None
-    self.rows: list[_Row | None] = [None] * self.b
+    self.rows: list[rows_lib.Row | None] = [None] * self.b
     self.prompts: dict[int, np.ndarray] = {}
     self.queue: collections.deque[int] = collections.deque()
     self.done: dict[int, Episode] = {}
@@ -241,7 +123,7 @@ class AgentLoop:
   def add(self, prompts: Sequence[Sequence[int]], groups: Sequence[int] | None = None) -> None:
     """Queues prompt groups (n episodes each) to start as row slots free. `groups`: their ids (default the
     next free ones from 0); episode `group * n + sample` is the key of `done`."""
-    _check_prompts(prompts, self.n, self.cfg, None, self.sampler)
+    shapes.check_prompts(prompts, self.n, self.cfg, None, self.sampler)
     if groups is None:
       start = max(self.prompts, default=-1) + 1
       groups = range(start, start + len(prompts))
@@ -402,63 +284,18 @@ class AgentLoop:
 
   def _finish(self, slot: int, reason: str):
     r = self.rows[slot]
-    ids = np.concatenate([r.prompt, np.asarray(r.resp, np.int32)])
-    self.done[r.ep] = Episode(
-        group=r.group, sample=r.sample, prompt_ids=r.prompt, response_ids=np.asarray(r.resp, np.int32),
-        loss_mask=np.asarray(r.mask, np.int32), logp_raw=np.asarray(r.lp_raw, np.float32),
-        logp_sample=np.asarray(r.lp_sample, np.float32), num_tool_calls=r.n_calls, num_failed_calls=r.n_failed,
-        num_malformed_calls=r.n_malformed, stop_reason=reason,
-        transcript=self.tokenizer.decode(ids.tolist(), skip_special_tokens=False), turns=r.turns,
-        versions=np.asarray(r.vers, np.int32))
+    self.done[r.ep] = r.episode(reason, self.tokenizer)
     self.rows[slot] = None
     if self.on_episode is not None:
       self.on_episode(self.done[r.ep])
 
   def _on_stop(self, slot: int, reason: int):
-    """A row stopped drawing: close its turn and either finish the episode or start its tool calls."""
-    r, cfg = self.rows[slot], self.cfg
-    stop = {StopReason.END: "end", StopReason.TOOL: "tool", StopReason.LENGTH: "length"}[StopReason(reason)]
-    turn = TurnInfo(start=r.turn_start, num_generated=len(r.resp) - r.turn_start, stop=stop)
-    r.turns.append(turn)
-    if reason == StopReason.LENGTH or len(r.resp) >= cfg.max_response_len:
-      return self._finish(slot, episode_lib.STOP_LENGTH)
-    pending = r.resp[-1]
-    calls: list[ToolCall] = []
-    if pending in self.resumable:
-      text = self.tokenizer.decode(r.resp[r.turn_start:], skip_special_tokens=False)
-      calls = parse_tool_calls(text, cfg.tool_names)
-    if not calls:
-      return self._finish(slot, episode_lib.STOP_END)
-    if len(r.turns) >= cfg.max_turns:
-      turn.calls = [CallInfo(c.name, c.code, "not_run", "") for c in calls]
-      return self._finish(slot, episode_lib.STOP_TURNS)
-    r.n_calls += len(calls)
-    malformed = [c for c in calls if not c.ok]
-    r.n_malformed += len(malformed)
-    if malformed and cfg.end_on_failed_call:
-      r.n_failed += len(malformed)
-      turn.calls = [CallInfo(c.name, c.code, "not_run" if c.ok else "malformed", c.error or "") for c in calls]
-      return self._finish(slot, episode_lib.STOP_FAILED_CALL)
-    r.calls = []
-    executed = 0
-    for c in calls:
-      if not c.ok:
-        r.calls.append((CallInfo(c.name, "", "malformed", truncate_middle(c.error, cfg.max_tool_output_chars)), None))
-      elif executed >= cfg.max_calls_per_turn:
-        msg = f"Error: not executed: at most {cfg.max_calls_per_turn} tool call(s) per turn."
-        r.calls.append((CallInfo(c.name, c.code, "skipped", msg), None))
-      elif self._owner(slot) != self.me:  # another host runs it; its result arrives in _exchange_results
-        executed += 1
-        r.calls.append((CallInfo(c.name, c.code, "running", ""), concurrent.futures.Future()))
-      else:
-        executed += 1
-        try:
-          future = self.executor.submit(prepare_code(c.code))
-        except Exception as e:  # pylint: disable=broad-except  # a closed/broken executor: tell the model
-          future = concurrent.futures.Future()
-          future.set_result(ExecResult("sandbox_error", stderr=f"[sandbox] submit failed: {type(e).__name__}: {e}"))
-        r.calls.append((CallInfo(c.name, c.code, "running", ""), future))
-    r.status = "waiting"
+    """A row stopped drawing: close its turn and either finish the episode or start its tool calls (another
+    host's row: placeholders, whose results arrive in `_exchange_results`)."""
+    out = rows_lib.end_turn(self.rows[slot], reason, self.cfg, self.tokenizer, self.resumable)
+    if isinstance(out, str):
+      return self._finish(slot, out)
+    rows_lib.start_calls(self.rows[slot], out, self.cfg, self.executor if self._owner(slot) == self.me else None)
 
   def _take_draw(self, slots: list[int], positions: list[int], draw, version: int):
     for i, slot in zip(positions, slots):
@@ -484,7 +321,7 @@ class AgentLoop:
     g = min(len(free) // self.n, len(self.queue), self.cfg.groups_per_prefill)
     if g == 0:
       return
-    gp = prefill_groups(g, self.n, self.cfg, refill=self.refill)
+    gp = shapes.prefill_groups(g, self.n, self.cfg, refill=self.refill)
     if gp < g:  # one group per call
       for j in range(g):
         self._prefill([self.queue.popleft()], free[j * self.n:(j + 1) * self.n], gp, params)
@@ -511,7 +348,7 @@ class AgentLoop:
         slot = free[j * n + s]
         slots[j * n + s] = slot
         ep = gi * n + s
-        self.rows[slot] = _Row(ep=ep, group=gi, sample=s, prompt=p, cache_len=len(p))
+        self.rows[slot] = rows_lib.Row(ep=ep, group=gi, sample=s, prompt=p, cache_len=len(p))
         used.append(slot)
         if forced is not None:
           forced[j * n + s] = self._forced_row(ep, 0)
@@ -528,28 +365,11 @@ class AgentLoop:
     chunks: dict[int, list[int]] = {}
     for slot in slots:
       r = self.rows[slot]
-      contents = []
-      turn = r.turns[-1]
-      for info, fut in r.calls:
-        if fut is not None:
-          info.status, info.output, info.wall_s = _result_text(_future_result(fut), cfg.max_tool_output_chars)
-        if info.failed:
-          r.n_failed += 1
-        contents.append(info.output)
-        turn.calls.append(info)
-      r.calls = []
-      chunk = self.renderer.chunk(r.resp[-1], contents)
-      k = len(chunk) - 1  # tool-response tokens (the pending token was drawn by the model)
-      if len(r.resp) + k >= cfg.max_response_len:
+      chunk = self.renderer.chunk(r.resp[-1], rows_lib.tool_results(r, cfg))
+      if len(r.resp) + len(chunk) - 1 >= cfg.max_response_len:  # the tool-response tokens do not fit
         self._finish(slot, episode_lib.STOP_LENGTH)
         continue
-      r.resp.extend(chunk[1:])
-      r.mask.extend([0] * k)
-      r.lp_raw.extend([0.0] * k)
-      r.lp_sample.extend([0.0] * k)
-      r.vers.extend([-1] * k)
-      turn.num_tool_tokens = k
-      r.turn_start = len(r.resp)
+      k = r.add_tool_response(chunk)
       stats.tool_tokens += k
       stats.prefilled_tokens += k
       chunks[slot] = chunk
@@ -566,16 +386,9 @@ class AgentLoop:
     longer chunk takes several calls. With `draw`, each row draws its next token after its chunk's last piece
     (a tool response); without, nothing is drawn (a recomputed context)."""
     cfg, b = self.cfg, self.b
-    order = sorted(chunks)
-    self._ensure_capacity(max(self.rows[s].cache_len for s in order) + 1)
+    self._ensure_capacity(max(self.rows[s].cache_len for s in chunks) + 1)
     r, t = cfg.rows_per_extend, cfg.chunk_len
-    pieces = [(slot, j) for slot in order for j in range(-(-len(chunks[slot]) // t))]
-    pieces.sort(key=lambda p: p[1])  # all first pieces, then all second pieces, ...
-    if r == b:  # whole-batch calls (in place): call j appends every row's piece j, at the row's own index
-      calls = [[p for p in pieces if p[1] == j] for j in range(pieces[-1][1] + 1)] if pieces else []
-    else:
-      calls = [pieces[lo:lo + r] for lo in range(0, len(pieces), r)]
-    for call in calls:
+    for call in shapes.extend_calls({slot: len(c) for slot, c in chunks.items()}, r, t, b):
       rows_idx = np.arange(b, dtype=np.int32) if r == b else np.full((r,), b, np.int32)
       tokens = np.zeros((r, t), np.int32)
       lengths = np.zeros((r,), np.int32)
@@ -614,7 +427,7 @@ class AgentLoop:
       if self._owner(slot) == self.me:
         for j, (_, fut) in enumerate(self.rows[slot].calls):
           if fut is not None:
-            mine[(slot, j)] = _future_result(fut)
+            mine[(slot, j)] = rows_lib.future_result(fut)
     for part in multihost.allgather_objects(mine):
       for (slot, j), res in part.items():
         fut = self.rows[slot].calls[j][1]
@@ -668,7 +481,7 @@ def run_rollout(
   Returns:
     `(episodes, stats)`: episodes ordered by (group, sample).
   """
-  _check_prompts(prompts, n, cfg, scripts, sampler)
+  shapes.check_prompts(prompts, n, cfg, scripts, sampler)
   loop = AgentLoop(sampler, n=n, tokenizer=tokenizer, executor=executor, cfg=cfg, key=key, scripts=scripts,
                    on_episode=on_episode)
   loop.add(prompts)

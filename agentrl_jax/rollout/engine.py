@@ -22,7 +22,7 @@ import ml_collections
 from agentrl_jax.data.records import PromptRecord
 from agentrl_jax.models import tokenizer as tok_lib
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.rollout import agent_loop
+from agentrl_jax.rollout import agent_loop, shapes
 from agentrl_jax.rollout.config import RolloutConfig
 from agentrl_jax.rollout.episode import Episode
 from agentrl_jax.sampling import sampler as sampler_lib
@@ -63,7 +63,7 @@ class RolloutEngine:
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
              advertise_tools: bool = True, mesh: jax.sharding.Mesh | None = None,
              params: nnx.State | None = None) -> RolloutEngine:
-    sampling = agent_loop.sampling_config(tokenizer, cfg, temperature=temperature, top_p=top_p, top_k=top_k,
+    sampling = shapes.sampling_config(tokenizer, cfg, temperature=temperature, top_p=top_p, top_k=top_k,
                                           greedy=greedy)
     sampler = sampler_lib.make_sampler(graphdef, model_cfg, sampling, batch=cfg.batch_size, mesh=mesh, params=params)
     return cls(tokenizer=tokenizer, model_cfg=model_cfg, sampler=sampler, executor=executor, cfg=cfg,

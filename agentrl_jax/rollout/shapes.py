@@ -1,12 +1,55 @@
-"""The shapes of the sampler calls a rollout makes: how `agent_loop.run_rollout` buckets them, and every shape
-a config can reach (the programs a run compiles; `agentrl_jax.aot` compiles each of them for a TPU slice)."""
+"""The sampler a rollout config needs (its `SamplingConfig`, the checks of a sampler and prompts against the
+config) and the shapes of the sampler calls a rollout makes: how `agent_loop.run_rollout` buckets them, and every
+shape a config can reach (the programs a run compiles; `agentrl_jax.aot` compiles each of them for a TPU slice)."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from agentrl_jax.rollout.chat import stop_token_ids
 from agentrl_jax.rollout.config import RolloutConfig
-from agentrl_jax.sampling.config import bucket, bucket_values, pow2_bucket
+from agentrl_jax.sampling.config import SamplingConfig, bucket, bucket_values, pow2_bucket
+
+
+def sampling_config(tokenizer, cfg: RolloutConfig, **kw) -> SamplingConfig:
+  """The sampling settings `run_rollout` expects for `cfg`: the tokenizer's end tokens, and a pause at
+  `</tool_call>` when one call per turn is executed (with more, turns run to `<|im_end|>`).
+
+  Args:
+    **kw: temperature, top_p, top_k, greedy.
+  """
+  end, tool_end = stop_token_ids(tokenizer)
+  return SamplingConfig(end_token_ids=end, tool_end_token_ids=tool_end if cfg.max_calls_per_turn == 1 else (),
+                        segment_len=cfg.segment_len, **kw)
+
+
+def check_prompts(prompts, n, cfg: RolloutConfig, scripts, sampler) -> None:
+  """ValueError unless `sampler` (a `sampling.Sampler`) was built for `cfg` and the prompts, n and teacher-forcing
+  `scripts` fit it."""
+  if n < 1 or n > cfg.batch_size:
+    raise ValueError(f"run_rollout: n must be in [1, batch_size={cfg.batch_size}], got {n}")
+  if sampler.batch != cfg.batch_size:
+    raise ValueError(f"run_rollout: sampler batch {sampler.batch} != RolloutConfig.batch_size {cfg.batch_size}")
+  if sampler.sampling.segment_len != cfg.segment_len:
+    raise ValueError(f"run_rollout: sampler segment_len {sampler.sampling.segment_len} != RolloutConfig.segment_len "
+                     f"{cfg.segment_len}")
+  if cfg.max_calls_per_turn > 1 and sampler.sampling.tool_end_token_ids:
+    raise ValueError("run_rollout: RolloutConfig.max_calls_per_turn > 1 needs a sampler that does not stop at "
+                     "</tool_call> (build its SamplingConfig with rollout.sampling_config)")
+  for i, p in enumerate(prompts):
+    if len(p) == 0:
+      raise ValueError(f"run_rollout: prompt {i} is empty")
+    if len(p) > cfg.max_prompt_len:
+      raise ValueError(f"run_rollout: prompt {i} has {len(p)} tokens > RolloutConfig.max_prompt_len "
+                       f"{cfg.max_prompt_len}")
+  if scripts is not None:
+    if len(scripts) != len(prompts) * n:
+      raise ValueError(f"run_rollout: {len(scripts)} scripts for {len(prompts) * n} episodes")
+    if not sampler.n_forced:
+      raise ValueError("run_rollout: scripts need a sampler built with n_forced > 0")
+    longest = max((len(t) for s in scripts for t in s), default=0)
+    if longest > sampler.n_forced:
+      raise ValueError(f"run_rollout: a script turn has {longest} tokens > the sampler's n_forced {sampler.n_forced}")
 
 
 def prefill_groups(g: int, n: int, cfg: RolloutConfig, *, refill: bool = False) -> int:
@@ -25,6 +68,18 @@ def prefill_groups(g: int, n: int, cfg: RolloutConfig, *, refill: bool = False) 
     return 1 if 2 * g <= top else max(top, g)
   gp = top if cfg.pad_prefill_groups else min(pow2_bucket(g), top)
   return max(gp, g)
+
+
+def extend_calls(chunk_lens: dict[int, int], rows: int, chunk_len: int, batch: int) -> list[list[tuple[int, int]]]:
+  """The extend calls that append chunks of `chunk_lens[slot]` tokens to their rows' caches: each call a list of
+  `(slot, piece)`, piece j being tokens `[j * chunk_len, (j + 1) * chunk_len)` of its slot's chunk. Calls of
+  `rows < batch` rows take every row's first piece, then every second piece, ..., `rows` at a time; whole-batch
+  calls (`rows == batch`, in place) append piece j of every row that has one, at the row's own index."""
+  pieces = [(slot, j) for slot in sorted(chunk_lens) for j in range(-(-chunk_lens[slot] // chunk_len))]
+  pieces.sort(key=lambda p: p[1])  # all first pieces, then all second pieces, ...
+  if rows == batch:
+    return [[p for p in pieces if p[1] == j] for j in range(pieces[-1][1] + 1)] if pieces else []
+  return [pieces[lo:lo + rows] for lo in range(0, len(pieces), rows)]
 
 
 def max_capacity(cfg: RolloutConfig) -> int:

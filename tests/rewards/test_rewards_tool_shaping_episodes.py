@@ -13,7 +13,7 @@ from agentrl_jax import rewards, testing
 from agentrl_jax.data.records import PromptRecord
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.rl import batch as batch_lib
-from agentrl_jax.rollout import agent_loop
+from agentrl_jax.rollout import agent_loop, shapes
 from agentrl_jax.rollout.config import RolloutConfig
 from agentrl_jax.rollout.stub_executor import stub_executor
 from agentrl_jax.sampling.sampler import make_sampler
@@ -52,7 +52,7 @@ def env():
 
 def run(env, scripts, cfg=CFG):
   tok, model, graphdef, params = env
-  sampler = make_sampler(graphdef, model.cfg, agent_loop.sampling_config(tok, cfg), batch=B, n_forced=F)
+  sampler = make_sampler(graphdef, model.cfg, shapes.sampling_config(tok, cfg), batch=B, n_forced=F)
   text = tokenizer_lib.render_chat(tok, [{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True)
   prompt = tok.encode(text, add_special_tokens=False)
   ex = stub_executor(answer)

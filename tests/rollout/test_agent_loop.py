@@ -10,7 +10,7 @@ import pytest
 
 from agentrl_jax import testing
 from agentrl_jax.models import tokenizer as tokenizer_lib
-from agentrl_jax.rollout import agent_loop, chat
+from agentrl_jax.rollout import agent_loop, chat, shapes
 from agentrl_jax.rollout.chat import ToolResponseRenderer, stop_token_ids
 from agentrl_jax.rollout.config import RolloutConfig
 from agentrl_jax.rollout.episode import collate
@@ -214,7 +214,7 @@ def test_several_calls_per_turn(env):
   tok, model, graphdef, params, _ = env
   end, _ = stop_token_ids(tok)
   cfg = CFG.replace(max_calls_per_turn=2)
-  sampler = make_sampler(graphdef, model.cfg, agent_loop.sampling_config(tok, cfg), batch=B, n_forced=F)
+  sampler = make_sampler(graphdef, model.cfg, shapes.sampling_config(tok, cfg), batch=B, n_forced=F)
   turn = call("print(1)") + "\n" + call("print(2)") + "\n" + call("print(3)") + "<|im_end|>"
   ex = stub_executor(lambda code: ExecResult("ok", stdout=code[6] + "\n"))
   scripts = [[tok.encode(t, add_special_tokens=False) for t in [turn, "done<|im_end|>"]]]
@@ -313,8 +313,6 @@ def test_every_call_shape_is_one_rollout_shapes_lists(env):
   calls: prompts of several buckets, caches that grow, tool responses appended in chunks."""
   import dataclasses
 
-  from agentrl_jax.rollout import shapes
-
   tok, _, _, params, sampler = env
   cfg = CFG.replace(prompt_bucket_min=16, cache_bucket_min=32, chunk_len=16, max_response_len=200)
   seen = {k: set() for k in ("init", "prefill", "extend", "decode", "grow")}
@@ -349,8 +347,7 @@ def test_every_call_shape_is_one_rollout_shapes_lists(env):
 def test_prefill_groups_per_call_synchronous_and_refill():
   """A synchronous start rounds its group count up to a power of two (or pads to `groups_per_prefill`); a stream's
   refill runs a few groups as one-group calls and more than half a full call as one full call."""
-  from agentrl_jax.rollout.shapes import prefill_groups
-
+  prefill_groups = shapes.prefill_groups
   main_job = RolloutConfig(batch_size=128, groups_per_prefill=16)  # n=8: a full call fills all 128 row slots
   assert [prefill_groups(g, 8, main_job) for g in range(1, 17)] == [1, 2, 4, 4] + [8] * 4 + [16] * 8
   assert [prefill_groups(g, 8, main_job, refill=True) for g in range(1, 17)] == [1] * 8 + [16] * 8
@@ -363,12 +360,21 @@ def test_prefill_groups_per_call_synchronous_and_refill():
   assert prefill_groups(2, 16, RolloutConfig(batch_size=64, groups_per_prefill=8), refill=True) == 1
 
 
+def test_extend_calls_take_first_pieces_first_and_whole_batch_calls_keep_rows_in_place():
+  """Chunks of 5, 1 and 9 tokens at slots 3, 0 and 6, in pieces of 4 tokens: slot 3 has 2 pieces, slot 0 one,
+  slot 6 three. Calls of 2 rows take every first piece (slot order), then every second, then the third; whole-batch
+  calls (8 rows of 8) append piece j of every row that has one."""
+  lens = {3: 5, 0: 1, 6: 9}
+  assert shapes.extend_calls(lens, 2, 4, 8) == [[(0, 0), (3, 0)], [(6, 0), (3, 1)], [(6, 1), (6, 2)]]
+  assert shapes.extend_calls(lens, 8, 4, 8) == [[(0, 0), (3, 0), (6, 0)], [(3, 1), (6, 1)], [(6, 2)]]
+  assert shapes.extend_calls({2: 4}, 8, 4, 8) == [[(2, 0)]]  # exactly one piece
+  assert shapes.extend_calls({}, 2, 4, 8) == [] and shapes.extend_calls({}, 8, 4, 8) == []
+
+
 def test_a_refilling_loop_calls_only_shapes_rollout_shapes_lists(env):
   """A stream's loop (`refill`) starts the groups of freed slots one per prefill call, in the shapes
   `rollout_shapes(refill=True)` lists and the synchronous loop's do not."""
   import dataclasses
-
-  from agentrl_jax.rollout import shapes
 
   tok, _, _, params, sampler = env
   cfg = CFG.replace(groups_per_prefill=2, pad_prefill_groups=True)
