@@ -39,12 +39,11 @@ import numpy as np
 
 from agentrl_jax import multihost
 from agentrl_jax.rollout import episode as episode_lib
-from agentrl_jax.rollout import rows as rows_lib
+from agentrl_jax.rollout import rows as rows_lib, shapes
 from agentrl_jax.rollout.chat import ToolResponseRenderer
 from agentrl_jax.rollout.config import RolloutConfig
 from agentrl_jax.rollout.episode import Episode
 from agentrl_jax.rollout.rows import RolloutStats
-from agentrl_jax.rollout import shapes
 from agentrl_jax.sampling import sampler as sampler_lib
 from agentrl_jax.sampling.config import StopReason, bucket
 from agentrl_jax.sampling.sampler import Sampler

@@ -328,7 +328,8 @@ def test_every_call_shape_is_one_rollout_shapes_lists(env):
       init=record("init", sampler.init, lambda cap, key: cap),
       prefill_groups=record("prefill", sampler.prefill_groups,
                             lambda n, p, s, tokens, *a: (tokens.shape[0], tokens.shape[1], s.capacity)),
-      extend=record("extend", sampler.extend, lambda p, s, rows, chunk, *a: (rows.shape[0], chunk.shape[1], s.capacity)),
+      extend=record("extend", sampler.extend,
+                    lambda p, s, rows, chunk, *a: (rows.shape[0], chunk.shape[1], s.capacity)),
       decode=record("decode", sampler.decode, lambda p, s, *a: s.capacity),
       grow=record("grow", sampler.grow, lambda s, cap: (s.capacity, cap)))
   prompts = [prompt_ids(tok, "What is 1+2?"), prompt_ids(tok, "What is the sum of twenty-one and fifteen? " * 2)]
