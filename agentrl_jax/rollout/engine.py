@@ -64,7 +64,7 @@ class RolloutEngine:
              advertise_tools: bool = True, mesh: jax.sharding.Mesh | None = None,
              params: nnx.State | None = None) -> RolloutEngine:
     sampling = shapes.sampling_config(tokenizer, cfg, temperature=temperature, top_p=top_p, top_k=top_k,
-                                          greedy=greedy)
+                                      greedy=greedy)
     sampler = sampler_lib.make_sampler(graphdef, model_cfg, sampling, batch=cfg.batch_size, mesh=mesh, params=params)
     return cls(tokenizer=tokenizer, model_cfg=model_cfg, sampler=sampler, executor=executor, cfg=cfg,
                tools=[TOOL_SCHEMA] if advertise_tools else None)

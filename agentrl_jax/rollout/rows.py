@@ -173,11 +173,13 @@ def start_calls(row: Row, calls: list[ToolCall], cfg: RolloutConfig, executor: E
       row.calls.append((CallInfo(c.name, c.code, "skipped", msg), None))
     else:
       executed += 1
-      future = concurrent.futures.Future()
-      if executor is not None:
+      if executor is None:  # another host runs it: its result is set on this future
+        future = concurrent.futures.Future()
+      else:
         try:
           future = executor.submit(prepare_code(c.code))
         except Exception as e:  # pylint: disable=broad-except  # a closed/broken executor: tell the model
+          future = concurrent.futures.Future()
           future.set_result(ExecResult("sandbox_error", stderr=f"[sandbox] submit failed: {type(e).__name__}: {e}"))
       row.calls.append((CallInfo(c.name, c.code, "running", ""), future))
   row.status = "waiting"
